@@ -1,0 +1,131 @@
+"""What one watchdog poll costs on a huge metrics file, next to re-reading the whole file (what
+a naive watchdog does), and how many polls pass from a fault to the watchdog's exit.
+
+    python benchmarks/poll.py [--lines 2000000] [--poll 0.5]
+
+Both sides run in this one process on the same file, so the ratio holds on a noisy machine.
+"""
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from supervise.rules import Thresholds  # noqa: E402
+from supervise.watch import Watcher  # noqa: E402
+
+STEP = '{"step":%d,"t":%d.5,"loss":0.31,"lr":0.0001,"grad_norm":1.1,"sps":812.0}\n'
+
+
+def make_file(path: Path, lines: int) -> None:
+    with open(path, "w") as f:
+        f.write(json.dumps({"event": "start", "t": 0, "pid": os.getpid(), "total_steps": lines * 20,
+                            "num_labels": 2, "world_size": 1, "batch_size": 32}) + "\n")
+        block = 10000
+        for lo in range(1, lines, block):
+            f.write("".join(STEP % (i * 10, i) for i in range(lo, min(lo + block, lines))))
+
+
+def naive_poll(path: Path) -> int:
+    n = 0
+    with open(path) as f:
+        for line in f:
+            json.loads(line)
+            n += 1
+    return n
+
+
+def poll_cost(lines: int) -> dict:
+    with tempfile.TemporaryDirectory() as d:
+        run = Path(d)
+        make_file(run / "metrics.jsonl", lines)
+        size = (run / "metrics.jsonl").stat().st_size
+        w = Watcher(run, Thresholds(poll=30, max_stall=1e9, hard_timeout=1e9))
+        t0 = time.perf_counter()
+        w.poll()
+        catch_up = time.perf_counter() - t0
+        step = lines * 10
+        costs, read = [], []
+        with open(run / "metrics.jsonl", "a") as f:
+            for _ in range(200):
+                step += 10
+                f.write(STEP % (step, step))
+                f.flush()
+                before = w.reader.bytes_read
+                t0 = time.perf_counter()
+                v = w.poll()
+                costs.append(time.perf_counter() - t0)
+                read.append(w.reader.bytes_read - before)
+                assert v.state == "watching", v.line
+        naive = []
+        for _ in range(2):
+            t0 = time.perf_counter()
+            naive_poll(run / "metrics.jsonl")
+            naive.append(time.perf_counter() - t0)
+    poll = statistics.median(costs)
+    return {"lines": lines, "file_mb": size / 1e6, "catch_up_s": catch_up, "poll_s": poll,
+            "poll_p95_s": sorted(costs)[int(len(costs) * 0.95)], "bytes_per_poll": statistics.median(read),
+            "naive_s": min(naive), "ratio": min(naive) / poll}
+
+
+def latency(kind: str, poll: float) -> float:
+    """Polls from the fault to the watchdog's exit (stall: counted after max-stall runs out)."""
+    fake = ROOT / "tests" / "fake_trainer.py"
+    max_stall = 2.0
+    with tempfile.TemporaryDirectory() as d:
+        env = {**os.environ, "SUPERVISE_STATE_DIR": d + "/state"}
+        args = {"dead": [], "nan": ["--nan-at", "2000"], "stall": ["--hang-at", "2000"]}[kind]
+        log = open(Path(d) / "train.log", "wb")
+        tr = subprocess.Popen([sys.executable, str(fake), d, "--records", "100000", "--dt", "0.02",
+                               "--no-sentinel", *args], stdout=log, stderr=log, env=env)
+        metrics = Path(d) / "metrics.jsonl"
+        while not metrics.exists() or metrics.read_bytes().count(b"\n") < 5:
+            time.sleep(0.01)
+        wd = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "watchdog.py"), d, "--poll", str(poll),
+                               "--max-stall", str(max_stall)], stdout=subprocess.PIPE, text=True, env=env)
+        time.sleep(3 * poll)
+        if kind == "dead":
+            fault = time.time()
+            tr.send_signal(signal.SIGKILL)
+        else:
+            needle = b'"step":2000,' if kind == "nan" else b'"step":1990,'  # the hang comes before 2000
+            while needle not in metrics.read_bytes():
+                time.sleep(0.005)
+            fault = time.time() if kind == "nan" else metrics.stat().st_mtime + max_stall
+        out, _ = wd.communicate(timeout=60)
+        took = time.time() - fault
+        tr.kill()
+        tr.wait()
+        log.close()
+        assert f"ANOMALY {kind}" in out, out
+    return took / poll
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--lines", type=int, default=2_000_000)
+    p.add_argument("--poll", type=float, default=0.5)
+    a = p.parse_args()
+    r = poll_cost(a.lines)
+    print(f"metrics file: {r['lines']:,} lines, {r['file_mb']:.0f} MB")
+    print(f"first poll (one-time catch-up of the whole file): {r['catch_up_s']:.2f} s")
+    print(f"steady poll: median {r['poll_s'] * 1e3:.3f} ms, p95 {r['poll_p95_s'] * 1e3:.3f} ms, "
+          f"{r['bytes_per_poll']:.0f} bytes read")
+    print(f"re-reading the whole file: {r['naive_s']:.2f} s")
+    print(f"ratio: {r['ratio']:,.0f}x cheaper per poll (target >= 1000x)")
+    for kind in ("dead", "nan", "stall"):
+        n = latency(kind, a.poll)
+        extra = " after max-stall" if kind == "stall" else ""
+        print(f"latency {kind}: {n:.2f} polls{extra} from fault to exit (poll {a.poll}s)")
+
+
+if __name__ == "__main__":
+    main()

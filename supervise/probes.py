@@ -1,0 +1,192 @@
+"""Process and GPU readings. psutil and NVML (nvidia-ml-py) are used when present; without
+them the process probe falls back to /proc or ``kill -0``, and "no GPU" is a value, not an
+error. Thin on purpose: everything above it is tested without a GPU."""
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass, field
+from typing import Optional
+
+try:
+    import psutil
+except ImportError:  # a plain checkout run by a bare Python
+    psutil = None
+
+from .rules import Process
+
+_PSUTIL_STATES = {"running": "running", "sleeping": "sleeping", "disk-sleep": "sleeping",
+                  "idle": "sleeping", "stopped": "stopped", "tracing-stop": "stopped",
+                  "zombie": "zombie", "dead": "dead", "waking": "running", "parked": "sleeping"}
+_PROC_STATES = {"R": "running", "S": "sleeping", "D": "sleeping", "I": "sleeping",
+                "T": "stopped", "t": "stopped", "Z": "zombie", "X": "dead"}
+
+
+@dataclass
+class ProcInfo:
+    pid: int
+    state: str                      # running|sleeping|stopped|zombie|dead|gone|alive
+    cpu_percent: Optional[float] = None
+    rss: Optional[int] = None       # bytes
+    create_time: Optional[float] = None
+    name: str = ""
+
+    @property
+    def alive(self) -> bool:
+        return self.state not in ("gone", "zombie", "dead")
+
+    def as_rule(self) -> Process:
+        return Process(self.pid, self.state)
+
+
+def _proc_stat(pid: int) -> Optional[ProcInfo]:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except FileNotFoundError:
+        return ProcInfo(pid, "gone")
+    except OSError:
+        return None
+    name = stat[stat.find("(") + 1: stat.rfind(")")]
+    rest = stat[stat.rfind(")") + 2:].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    try:
+        with open("/proc/stat") as f:
+            btime = next(float(ln.split()[1]) for ln in f if ln.startswith("btime"))
+        create = btime + int(rest[19]) / ticks
+    except (OSError, StopIteration, IndexError, ValueError):
+        create = None
+    return ProcInfo(pid, _PROC_STATES.get(rest[0], "running"), rss=int(rest[21]) * os.sysconf("SC_PAGE_SIZE"),
+                    create_time=create, name=name)
+
+
+def process(pid: int, cpu_interval: Optional[float] = None) -> ProcInfo:
+    """One reading of ``pid``. ``cpu_interval`` (s) samples CPU % (psutil only)."""
+    if psutil is not None:
+        try:
+            p = psutil.Process(pid)
+            with p.oneshot():
+                state = _PSUTIL_STATES.get(p.status(), "running")
+                info = ProcInfo(pid, state, rss=p.memory_info().rss, create_time=p.create_time(),
+                                name=p.name())
+            if cpu_interval is not None and info.alive:
+                info.cpu_percent = p.cpu_percent(interval=cpu_interval)
+            return info
+        except psutil.NoSuchProcess:
+            return ProcInfo(pid, "gone")
+        except psutil.Error:
+            pass
+    if os.path.isdir("/proc"):
+        info = _proc_stat(pid)
+        if info is not None:
+            return info
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return ProcInfo(pid, "gone")
+    except PermissionError:
+        pass
+    return ProcInfo(pid, "alive")
+
+
+class ProcessWatch:
+    """Remembers each pid's start time at first sight, so a recycled pid reads as gone."""
+
+    def __init__(self):
+        self.birth: dict[int, float] = {}
+
+    def read(self, pid: int) -> ProcInfo:
+        info = process(pid)
+        if info.create_time is not None:
+            first = self.birth.setdefault(pid, info.create_time)
+            if abs(first - info.create_time) > 1.0:
+                return ProcInfo(pid, "gone")
+        return info
+
+
+@dataclass
+class GpuReading:
+    index: int
+    name: str
+    util: float            # %
+    mem_used: int          # bytes
+    mem_total: int
+    temp: Optional[float]  # C
+    power: Optional[float] # W
+    pids: tuple = ()
+
+    def line(self) -> str:
+        t = f" {self.temp:.0f}C" if self.temp is not None else ""
+        p = f" {self.power:.0f}W" if self.power is not None else ""
+        return (f"gpu{self.index} {self.name}: {self.util:.0f}% util, "
+                f"{self.mem_used / 2**30:.1f}/{self.mem_total / 2**30:.1f} GiB{t}{p}")
+
+
+@dataclass
+class GpuReport:
+    gpus: list = field(default_factory=list)
+    note: str = ""          # why there is no reading, e.g. "no GPU: NVML not installed"
+
+    @property
+    def available(self) -> bool:
+        return bool(self.gpus)
+
+    def for_pids(self, pids) -> list:
+        """The GPUs the run uses: those holding one of ``pids``, else all of them."""
+        mine = [g for g in self.gpus if set(g.pids) & set(pids)]
+        return mine or list(self.gpus)
+
+
+class Nvml:
+    """NVML through nvidia-ml-py. ``read()`` never raises: no GPU is a report with a note."""
+
+    def __init__(self):
+        self._nv = None
+        self._note = ""
+        try:
+            import pynvml
+            pynvml.nvmlInit()
+            self._nv = pynvml
+        except ImportError:
+            self._note = "no GPU: nvidia-ml-py is not installed (pip install nvidia-ml-py)"
+        except Exception as e:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
+            self._note = f"no GPU: NVML unavailable ({type(e).__name__})"
+
+    def read(self) -> GpuReport:
+        nv = self._nv
+        if nv is None:
+            return GpuReport(note=self._note)
+        try:
+            out = []
+            for i in range(nv.nvmlDeviceGetCount()):
+                h = nv.nvmlDeviceGetHandleByIndex(i)
+                mem = nv.nvmlDeviceGetMemoryInfo(h)
+                name = nv.nvmlDeviceGetName(h)
+                out.append(GpuReading(
+                    i, name.decode() if isinstance(name, bytes) else name,
+                    float(nv.nvmlDeviceGetUtilizationRates(h).gpu), int(mem.used), int(mem.total),
+                    _optional(lambda: float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))),
+                    _optional(lambda: nv.nvmlDeviceGetPowerUsage(h) / 1000.0),
+                    tuple(_optional(lambda: [p.pid for p in nv.nvmlDeviceGetComputeRunningProcesses(h)]) or ())))
+            return GpuReport(out, "" if out else "no GPU: NVML found no device")
+        except Exception as e:
+            return GpuReport(note=f"no GPU: NVML read failed ({type(e).__name__})")
+
+
+def _optional(fn):
+    try:
+        return fn()
+    except Exception:
+        return None
+
+
+def disk_free(path: str) -> Optional[tuple[int, int]]:
+    """(free, total) bytes of the file system holding ``path`` (or its nearest parent)."""
+    p = os.path.abspath(path)
+    while not os.path.exists(p) and os.path.dirname(p) != p:
+        p = os.path.dirname(p)
+    try:
+        u = shutil.disk_usage(p)
+        return u.free, u.total
+    except OSError:
+        return None

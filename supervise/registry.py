@@ -1,0 +1,59 @@
+"""The registry of runs that a watchdog started, so that tools find the current run with no
+arguments. One small JSON file per run directory under ``SUPERVISE_STATE_DIR`` (default
+``~/.local/state/supervising-training-runs/``): concurrent watchdogs never write one file."""
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from pathlib import Path
+
+from .contract import atomic_write_json, read_json
+
+KEEP = 100
+
+
+def state_dir() -> Path:
+    env = os.environ.get("SUPERVISE_STATE_DIR")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(base) / "supervising-training-runs"
+
+
+def _entry(run_dir: Path) -> Path:
+    digest = hashlib.sha1(str(run_dir).encode()).hexdigest()[:16]
+    return state_dir() / "runs" / f"{digest}.json"
+
+
+def register(run_dir, watchdog_pid: int, pids=()) -> None:
+    """Record that a watchdog now watches ``run_dir``. Failures to write are not fatal."""
+    run_dir = Path(run_dir).resolve()
+    try:
+        path = _entry(run_dir)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(path, {"run_dir": str(run_dir), "watchdog_pid": watchdog_pid,
+                                 "pids": list(pids), "registered": time.time()})
+        entries = sorted(path.parent.glob("*.json"), key=lambda p: p.stat().st_mtime)
+        for old in entries[:-KEEP]:
+            old.unlink(missing_ok=True)
+    except OSError:
+        pass
+
+
+def runs() -> list[dict]:
+    """Registered runs, newest first."""
+    out = []
+    for p in (state_dir() / "runs").glob("*.json"):
+        rec = read_json(p)
+        if isinstance(rec, dict) and "run_dir" in rec:
+            out.append(rec)
+    return sorted(out, key=lambda r: r.get("registered", 0), reverse=True)
+
+
+def latest():
+    """The newest registered run directory that still exists, or None."""
+    for rec in runs():
+        if os.path.isdir(rec["run_dir"]):
+            return rec
+    return None

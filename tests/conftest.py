@@ -1,0 +1,75 @@
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FAKE = ROOT / "tests" / "fake_trainer.py"
+SCRIPTS = ROOT / "scripts"
+
+
+@pytest.fixture(autouse=True)
+def state_dir(tmp_path, monkeypatch):
+    """Never touch the user's real registry."""
+    d = tmp_path / "state"
+    monkeypatch.setenv("SUPERVISE_STATE_DIR", str(d))
+    return d
+
+
+class Trainer:
+    """A fake trainer process writing the contract, stdout/stderr to RUN_DIR/train.log."""
+
+    def __init__(self, run_dir: Path, *args):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.log = open(run_dir / "train.log", "wb")
+        self.proc = subprocess.Popen([sys.executable, "-u", str(FAKE), str(run_dir), *map(str, args)],
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+        self.pid = self.proc.pid
+
+    def wait_for_line(self, path: Path, n: int = 1, timeout: float = 20):
+        end = time.time() + timeout
+        while time.time() < end:
+            if path.exists() and path.read_bytes().count(b"\n") >= n:
+                return
+            time.sleep(0.02)
+        raise AssertionError(f"{path} never reached {n} lines")
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self.log.close()
+
+
+@pytest.fixture
+def trainer():
+    made = []
+
+    def start(run_dir, *args):
+        t = Trainer(run_dir, *args)
+        made.append(t)
+        return t
+
+    yield start
+    for t in made:
+        t.close()
+
+
+def run_script(name, *args, timeout=60, cwd=None, env=None):
+    """Run scripts/<name> as a subprocess; (returncode, stdout, stderr)."""
+    p = subprocess.run([sys.executable, str(SCRIPTS / name), *map(str, args)], capture_output=True,
+                       text=True, timeout=timeout, cwd=cwd, env=env)
+    return p.returncode, p.stdout, p.stderr
+
+
+def start_script(name, *args, **kw):
+    return subprocess.Popen([sys.executable, str(SCRIPTS / name), *map(str, args)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def read_json(path):
+    return json.loads(Path(path).read_text())

@@ -1,0 +1,104 @@
+"""A real process that writes the telemetry contract on a schedule, with faults on demand.
+
+    python tests/fake_trainer.py RUN_DIR --records 30 --dt 0.05 [--nan-at 120] [--hang-at 100] ...
+
+Steps advance by --every per record; an eval record follows every --eval-every steps. Used by
+the watchdog scenario tests and benchmarks (the real templates are tested on their own).
+"""
+import argparse
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from supervise.contract import METRICS, SENTINEL, MetricsWriter, atomic_write_json  # noqa: E402
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("run_dir")
+    p.add_argument("--records", type=int, default=30)
+    p.add_argument("--every", type=int, default=10)
+    p.add_argument("--dt", type=float, default=0.05)
+    p.add_argument("--silent-start", type=float, default=0.0)
+    p.add_argument("--no-start", action="store_true")
+    p.add_argument("--num-labels", type=int, default=2)
+    p.add_argument("--loss", type=float, default=None, help="constant loss instead of a falling one")
+    p.add_argument("--grad", type=float, default=1.0)
+    p.add_argument("--grad-from", type=int, default=None)
+    p.add_argument("--grad-value", type=float, default=None)
+    p.add_argument("--grad-spike-at", type=int, default=None)
+    p.add_argument("--sps", type=float, default=100.0)
+    p.add_argument("--sps-from", type=int, default=None)
+    p.add_argument("--sps-value", type=float, default=None)
+    p.add_argument("--eval-every", type=int, default=50)
+    p.add_argument("--auroc", type=float, default=None, help="constant AUROC instead of a rising one")
+    p.add_argument("--nan-at", type=int, default=None)
+    p.add_argument("--null-grad-at", type=int, default=None)
+    p.add_argument("--fatal-at", type=int, default=None)
+    p.add_argument("--hang-at", type=int, default=None)
+    p.add_argument("--exit-at", type=int, default=None)
+    p.add_argument("--oom-at", type=int, default=None)
+    p.add_argument("--crash-at", type=int, default=None)
+    p.add_argument("--garbage", action="store_true", help="write stray and torn lines between records")
+    p.add_argument("--no-sentinel", action="store_true")
+    p.add_argument("--linger", type=float, default=0.0, help="seconds to live on after the sentinel")
+    a = p.parse_args()
+
+    run = Path(a.run_dir)
+    run.mkdir(parents=True, exist_ok=True)
+    time.sleep(a.silent_start)
+    w = MetricsWriter(run / METRICS)
+    total = a.records * a.every
+    if not a.no_start:
+        w.start(total_steps=total, num_labels=a.num_labels, world_size=1, batch_size=8)
+    chance = math.log(a.num_labels)
+    for i in range(1, a.records + 1):
+        step = i * a.every
+        if a.hang_at is not None and step >= a.hang_at:
+            print(f"step {step}: hanging", flush=True)
+            time.sleep(3600)
+        if a.exit_at is not None and step >= a.exit_at:
+            os._exit(0)
+        if a.oom_at is not None and step >= a.oom_at:
+            print("Traceback (most recent call last):\n  File \"train.py\", line 40, in <module>\n"
+                  "    loss.backward()\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+                  "2.00 GiB. GPU 0 has a total capacity of 79.10 GiB", file=sys.stderr, flush=True)
+            sys.exit(1)
+        if a.crash_at is not None and step >= a.crash_at:
+            raise ValueError(f"bad batch at step {step}: expected 2 labels, found 3")
+        if a.fatal_at is not None and step >= a.fatal_at:
+            w.fatal(step, "non-finite loss nan")
+            raise SystemExit(f"FloatingPointError: non-finite loss at step {step}")
+        loss = a.loss if a.loss is not None else chance * (0.25 + 0.75 * max(0.0, 1 - i / 30))
+        if a.nan_at is not None and step >= a.nan_at:
+            loss = float("nan")
+        grad = a.grad
+        if a.grad_from is not None and step >= a.grad_from:
+            grad = a.grad_value
+        if a.grad_spike_at == step:
+            grad = 1e4
+        if a.null_grad_at == step:
+            grad = None
+        sps = a.sps if a.sps_from is None or step < a.sps_from else a.sps_value
+        w.step(step, loss, 1e-4, grad, sps)
+        if a.garbage and i % 3 == 0:
+            os.write(w.fd, b"Epoch 1:  40%|####      | 40/100 [00:04<00:06, 9.8it/s]\n")
+            os.write(w.fd, b'{"step": %d, "loss"' % step)  # torn: completed by the next write
+            time.sleep(a.dt / 2)
+            os.write(w.fd, b': %r, "t": 1, "lr": 0.0001, "grad_norm": %r, "sps": %r}\n' % (loss, grad, sps))
+        if a.eval_every and step % a.eval_every == 0:
+            auroc = a.auroc if a.auroc is not None else min(0.97, 0.6 + 0.4 * i / 30)
+            w.eval(step, auroc, 0.5 + auroc / 3, eval_loss=loss)
+        print(f"step {step} loss {loss}", flush=True)
+        time.sleep(a.dt)
+    if not a.no_sentinel:
+        atomic_write_json(run / SENTINEL, {"eval_auroc": 0.97, "eval_acc": 0.91, "step": total})
+    time.sleep(a.linger)
+
+
+if __name__ == "__main__":
+    main()

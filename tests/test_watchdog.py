@@ -1,0 +1,211 @@
+"""scripts/watchdog.py as the agent runs it: a subprocess beside a real process that writes the
+contract, faults made by the process itself or by real signals."""
+import os
+import re
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+import pytest
+
+from conftest import read_json, run_script, start_script
+from supervise import registry
+from supervise.probes import GpuReading, GpuReport
+from supervise.rules import KINDS, Thresholds
+from supervise.watch import Watcher, run
+
+FAST = ("--poll", "0.2", "--startup-grace", "5", "--max-stall", "30")
+ALIVE = ("--no-sentinel", "--linger", "60")  # the trainer stays alive: only the anomaly can end the watch
+LINE = re.compile(r"^ANOMALY (?P<kind>[a-z_]+): .+ at step (?P<step>\d+)\. .+\.$")
+
+
+@dataclass
+class Case:
+    name: str
+    trainer: tuple
+    watchdog: tuple = ()
+    kind: str | None = None      # None: healthy, expect exit 0 and OK done
+    step: int | None = None
+
+
+CASES = [
+    # healthy variants never wake the agent
+    Case("healthy", ("--records", 30, "--dt", 0.02)),
+    Case("single_grad_spike", ("--records", 30, "--dt", 0.02, "--grad-spike-at", 100)),
+    Case("silent_start_3s", ("--records", 20, "--dt", 0.02, "--silent-start", 3), ("--max-stall", 2)),
+    Case("garbage_and_torn_lines", ("--records", 30, "--dt", 0.04, "--garbage")),
+    Case("sentinel_then_exit", ("--records", 20, "--dt", 0.02)),
+    Case("no_start_record", ("--records", 20, "--dt", 0.02, "--no-start")),
+    # every kind the process can cause by itself
+    Case("nan", ("--records", 40, "--nan-at", 120, *ALIVE), kind="nan", step=120),
+    Case("null_grad_norm", ("--records", 40, "--null-grad-at", 80, *ALIVE), kind="nan", step=80),
+    Case("fatal", ("--records", 40, "--fatal-at", 100), kind="fatal", step=100),
+    Case("exit_without_sentinel", ("--records", 40, "--exit-at", 150), kind="dead", step=140),
+    Case("oom", ("--records", 40, "--oom-at", 100), kind="oom", step=90),
+    Case("crash", ("--records", 40, "--crash-at", 100), kind="crash", step=90),
+    Case("hang", ("--records", 40, "--hang-at", 100), ("--max-stall", 1.5), kind="stall", step=90),
+    Case("no_telemetry", ("--silent-start", 60), ("--startup-grace", 1.5), kind="no_telemetry", step=0),
+    Case("chance_loss", ("--records", 60, "--loss", 0.69, *ALIVE), kind="chance_loss", step=400),
+    Case("chance_loss_3_labels", ("--records", 60, "--num-labels", 3, "--loss", 1.1, *ALIVE),
+         kind="chance_loss", step=400),
+    Case("inverted_labels", ("--records", 60, "--auroc", 0.12, *ALIVE), kind="inverted_labels", step=50),
+    Case("stuck_auroc", ("--records", 80, "--auroc", 0.55, *ALIVE), kind="stuck_auroc", step=500),
+    Case("grad_explode", ("--records", 60, "--grad-from", 200, "--grad-value", 120, *ALIVE),
+         kind="grad_explode", step=240),
+    Case("grad_collapse", ("--records", 60, "--grad-from", 200, "--grad-value", 1e-5, *ALIVE),
+         kind="grad_collapse", step=240),
+    Case("throughput", ("--records", 80, "--sps-from", 300, "--sps-value", 60, *ALIVE),
+         kind="throughput", step=320),  # median of 5: 3 slow records,
+    Case("timeout", ("--records", 1000, *ALIVE), ("--hard-timeout", 1.5), kind="timeout"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_scenario(case, tmp_path, trainer):
+    run_dir = tmp_path / "run"
+    t = trainer(run_dir, "--dt", 0.03, *case.trainer)
+    pid = ("--pid", t.pid) if case.name in ("no_telemetry", "sentinel_then_exit") else ()
+    rc, out, err = run_script("watchdog.py", run_dir, *FAST, *pid, *case.watchdog, timeout=60)
+    lines = out.strip().splitlines()
+    assert len(lines) == 1, out + err  # nothing but the verdict on stdout
+    state = read_json(run_dir / "watchdog.json")
+    if case.kind is None:
+        assert rc == 0, out + err
+        assert lines[0].startswith("OK done: final_val_metrics.json written"), lines[0]
+        assert state["state"] == "done"
+        if case.name == "garbage_and_torn_lines":
+            assert state["records"]["bad_lines"] >= 5
+            assert state["records"]["steps"] >= 30  # torn lines were completed, not lost
+        return
+    assert rc == 7, out + err
+    m = LINE.match(lines[0])
+    assert m, lines[0]
+    assert m["kind"] == case.kind, lines[0]
+    if case.step is not None:
+        assert int(m["step"]) == case.step, lines[0]
+    assert state["state"] == "anomaly" and state["kind"] == case.kind
+
+
+def test_crash_names_the_exception(tmp_path, trainer):
+    trainer(tmp_path, "--records", 40, "--crash-at", 100)
+    rc, out, _ = run_script("watchdog.py", tmp_path, *FAST)
+    assert rc == 7 and "ValueError: bad batch at step 100" in out
+
+
+def test_oom_names_the_log_line(tmp_path, trainer):
+    trainer(tmp_path, "--records", 40, "--oom-at", 50)
+    rc, out, _ = run_script("watchdog.py", tmp_path, *FAST)
+    assert rc == 7 and "CUDA out of memory" in out and "batch size" in out
+
+
+@pytest.mark.parametrize("sig,kind", [(signal.SIGKILL, "dead"), (signal.SIGSTOP, "stall")])
+def test_real_signal_is_caught_within_one_poll(sig, kind, tmp_path, trainer):
+    """max-stall is 30 s: only the process probe can catch these in a few polls."""
+    t = trainer(tmp_path, "--records", 2000, "--dt", 0.03, *ALIVE)
+    t.wait_for_line(tmp_path / "metrics.jsonl", 5)
+    wd = start_script("watchdog.py", tmp_path, "--poll", "0.5", "--max-stall", "30")
+    time.sleep(1.2)
+    assert wd.poll() is None, wd.communicate()
+    fault = time.time()
+    os.kill(t.pid, sig)
+    try:
+        out, err = wd.communicate(timeout=20)
+    finally:
+        if sig == signal.SIGSTOP:
+            os.kill(t.pid, signal.SIGCONT)
+    latency = time.time() - fault
+    assert wd.returncode == 7, out + err
+    assert LINE.match(out.strip())["kind"] == kind, out
+    assert f"pid {t.pid}" in out
+    assert latency < 5, f"{latency:.1f}s from {sig.name} to exit (poll 0.5s)"
+
+
+def test_sigterm_ends_cleanly_with_state_saved(tmp_path, trainer):
+    trainer(tmp_path, "--records", 2000, *ALIVE)
+    wd = start_script("watchdog.py", tmp_path, "--poll", "0.3")
+    time.sleep(1.5)
+    wd.send_signal(signal.SIGTERM)
+    out, err = wd.communicate(timeout=10)
+    assert wd.returncode == 0, out + err
+    assert out.startswith("STOPPED: watchdog ended by SIGTERM") and not err
+    state = read_json(tmp_path / "watchdog.json")
+    assert state["state"] == "stopped" and state["polls"] >= 2 and state["step"] > 0
+
+
+def test_no_gpu_is_said_once_in_state(tmp_path, trainer):
+    trainer(tmp_path, "--records", 10, "--dt", 0.02)
+    rc, out, _ = run_script("watchdog.py", tmp_path, *FAST)
+    assert rc == 0
+    gpu = read_json(tmp_path / "watchdog.json")["gpu"]
+    if isinstance(gpu, str):  # this machine has no GPU: the note says so and gpu_idle is off
+        assert gpu.startswith("no GPU") and gpu.endswith("gpu_idle is off")
+
+
+def test_registry_records_the_run(tmp_path, trainer):
+    trainer(tmp_path / "r", "--records", 10, "--dt", 0.02)
+    rc, _, _ = run_script("watchdog.py", tmp_path / "r", *FAST)
+    assert rc == 0
+    assert registry.latest()["run_dir"] == str((tmp_path / "r").resolve())
+
+
+class FakeGpu:
+    def __init__(self, util):
+        self.util = util
+
+    def read(self):
+        return GpuReport([GpuReading(0, "H100", self.util, 1 << 30, 80 << 30, 50.0, 100.0, ())])
+
+
+@pytest.mark.parametrize("util,kind", [(0.0, "gpu_idle"), (3.0, "gpu_idle"), (85.0, None)])
+def test_gpu_idle_through_injected_probe(util, kind, tmp_path, trainer, capsys):
+    records = 60 if kind is None else 2000
+    t = trainer(tmp_path, "--records", records, "--dt", 0.03, *(ALIVE if kind else ()))
+    th = Thresholds(poll=0.1, startup_grace=0.3, gpu_idle=0.5, max_stall=30)
+    w = Watcher(tmp_path, th, pids=[t.pid], gpu=FakeGpu(util))
+    timer = threading.Timer(20, lambda: os.kill(os.getpid(), signal.SIGTERM))
+    timer.start()
+    try:
+        code = run(w, out=sys.stdout)
+    finally:
+        timer.cancel()
+    line = capsys.readouterr().out.strip()
+    if kind is None:
+        assert code == 0 and line.startswith("OK done"), line
+    else:
+        assert code == 7 and LINE.match(line)["kind"] == "gpu_idle", line
+        assert f"GPU utilization = {util:.0f}% < 5%" in line
+
+
+BAD_USAGE = [
+    (("{file}",), "is a file, not a run directory"),
+    (("{dir}", "--poll", "-5"), "must be more than 0"),
+    (("{dir}", "--poll", "soon"), "is not a duration"),
+    (("{dir}", "--bogus"), "unrecognized arguments: --bogus"),
+    (("{dir}", "--grad-low", "100"), "must be below --grad-high"),
+    (("{dir}", "--throughput-drop", "1.5"), "fraction below 1"),
+    (("{dir}", "--pid", "abc"), "not an integer"),
+    ((), "required: RUN_DIR"),
+]
+
+
+@pytest.mark.parametrize("args,needle", BAD_USAGE, ids=[n for _, n in BAD_USAGE])
+def test_bad_usage_is_one_line_exit_2(args, needle, tmp_path):
+    f = tmp_path / "notes.txt"
+    f.write_text("x")
+    args = [a.format(file=f, dir=tmp_path) for a in args]
+    rc, out, err = run_script("watchdog.py", *args)
+    assert rc == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and needle in err, err
+
+
+def test_durations_accept_units(tmp_path, trainer):
+    trainer(tmp_path, "--records", 1000, *ALIVE)
+    rc, out, _ = run_script("watchdog.py", tmp_path, "--poll", "0.2s", "--hard-timeout", "0.02m")
+    assert rc == 7 and out.startswith("ANOMALY timeout: wall time = ") and "> 1.2s at step" in out
+
+
+def test_every_kind_has_a_scenario():
+    covered = {c.kind for c in CASES} | {"dead", "stall", "gpu_idle"}
+    assert covered >= set(KINDS)
