@@ -78,8 +78,8 @@ def _type_ok(value, want: str, name: str) -> bool:
 def validate_record(rec, require: tuple[str, ...] = ()) -> list[str]:
     """Problems with one record, each naming the field; [] when it is valid.
 
-    ``require`` names fields that are optional in the contract but wanted here
-    (smoke asks for ``grad_norm`` and ``sps``)."""
+    ``require`` names step-record fields that must be present and finite-typed here (smoke
+    asks for ``grad_norm`` and ``sps``)."""
     if not isinstance(rec, dict):
         return [f"not a JSON object but {type(rec).__name__}"]
     kind = kind_of(rec)
@@ -91,13 +91,15 @@ def validate_record(rec, require: tuple[str, ...] = ()) -> list[str]:
     problems = []
     for name, want in fields.items():
         if name not in rec:
-            if kind != "start" or name in ("event", "t") or name in require:
+            if kind != "start" or name in ("event", "t"):
                 problems.append(f"{kind} record lacks field '{name}'")
         elif not _type_ok(rec[name], want, name):
             problems.append(f"{kind} field '{name}' = {rec[name]!r} is not a {want}")
-    for name in require:
-        if name not in fields and name not in rec:
-            problems.append(f"{kind} record lacks field '{name}'")
+    for name in require if kind == "step" else ():
+        if name in rec and rec[name] is None:
+            problems.append(f"step field '{name}' is null")
+        elif name not in fields and name not in rec:
+            problems.append(f"step record lacks field '{name}'")
     return problems
 
 

@@ -202,10 +202,11 @@ class Watcher:
 
     def poll(self) -> Verdict:
         self.polls += 1
-        if self.sentinel.exists():
-            return self._finish(self._done())
+        done = self.sentinel.exists()  # first: a run that wrote it is done, whatever follows
         for rec in self.reader.records():
             self.state.add(rec)
+        if done:
+            return self._finish(self._done())
         now = self.clock()
         infos = [self.procs.read(pid) for pid in self.pids]
         self.last_procs = infos
@@ -300,7 +301,10 @@ def run(watcher: Watcher, out=None) -> int:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-    print(verdict.line, file=out, flush=True)
+    try:
+        print(verdict.line, file=out, flush=True)
+    except (BrokenPipeError, OSError):
+        pass  # whoever read stdout is gone; the verdict is in watchdog.json all the same
     return verdict.code
 
 
