@@ -1,0 +1,97 @@
+"""What one check-in costs on a 2,000,000-line metrics file beside a 100 MB log, next to the
+by-hand reads it replaces (tail -n 50 of both files, and an nvidia-smi-style query).
+
+    python benchmarks/checkin.py [--lines 2000000] [--log-mb 100]
+"""
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from poll import make_file  # noqa: E402
+
+
+class CountingOpen:
+    """Counts the bytes that check-in reads, by wrapping the file objects it opens."""
+
+    def __init__(self):
+        self.bytes = 0
+
+    def __enter__(self):
+        import builtins
+        self.real = builtins.open
+        counter = self
+
+        def counted(*a, **kw):
+            f = counter.real(*a, **kw)
+            read = f.read
+
+            def r(*ra):
+                data = read(*ra)
+                counter.bytes += len(data)
+                return data
+            try:
+                f.read = r
+            except AttributeError:
+                pass
+            return f
+        builtins.open = counted
+        return self
+
+    def __exit__(self, *exc):
+        import builtins
+        builtins.open = self.real
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--lines", type=int, default=2_000_000)
+    p.add_argument("--log-mb", type=int, default=100)
+    a = p.parse_args()
+    with tempfile.TemporaryDirectory() as d:
+        run = Path(d)
+        make_file(run / "metrics.jsonl", a.lines)
+        line = b"Epoch 1:  40%|####      | 40/100 [00:04<00:06, 9.8it/s]\r" * 3 + b"step 10 loss 0.3\n"
+        with open(run / "train.log", "wb") as f:
+            chunk = line * (1 << 20 // len(line) + 1)
+            for _ in range(a.log_mb):
+                f.write(chunk[:1 << 20])
+        from supervise import checkin
+        checkin.summary(run)  # warm the imports, as a second check-in would find them
+        times = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            with CountingOpen() as c:
+                text = checkin.summary(run)
+            times.append(time.perf_counter() - t0)
+        cold = subprocess.run([sys.executable, str(ROOT / "scripts" / "checkin.py"), str(run)],
+                              capture_output=True, text=True)
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "checkin.py"), str(run)], capture_output=True)
+        cold_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        subprocess.run(["tail", "-n", "50", str(run / "metrics.jsonl")], capture_output=True)
+        subprocess.run(["tail", "-n", "50", str(run / "train.log")], capture_output=True)
+        if shutil.which("nvidia-smi"):
+            subprocess.run(["nvidia-smi", "--query-gpu=utilization.gpu,memory.used,memory.total",
+                            "--format=csv"], capture_output=True)
+        by_hand = time.perf_counter() - t0
+        print(f"files: {a.lines:,}-line metrics.jsonl ({(run / 'metrics.jsonl').stat().st_size / 1e6:.0f} MB), "
+              f"{a.log_mb} MB train.log")
+        print(f"check-in in process: median {sorted(times)[2] * 1e3:.1f} ms, {c.bytes / 1024:.0f} KiB read, "
+              f"{len(text)} chars out (target < 0.3 s)")
+        print(f"check-in as a command (python start included): {cold_s:.2f} s, exit {cold.returncode}")
+        print(f"by hand: tail -n 50 of both files{' + nvidia-smi' if shutil.which('nvidia-smi') else ''}: "
+              f"{by_hand:.3f} s, and their output is unparsed text")
+
+
+if __name__ == "__main__":
+    main()

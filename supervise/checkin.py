@@ -1,0 +1,252 @@
+"""One cheap read of a run's whole state: the verdict first, then progress, recent steps, evals,
+watchdog, process, GPU, disk and the last error. At most 1,500 characters; bounded reads only."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+from . import registry
+from .cli import EXIT_OK, EXIT_USAGE, Parser, count
+from .contract import LOG, METRICS, SENTINEL, WATCHDOG_STATE, is_finite, is_number, kind_of, parse_line, \
+    read_json, tail_lines
+from .logs import log_tail
+from .probes import Nvml, disk_free, process
+from .rules import OOM_MARKERS, Thresholds, last_error
+
+LIMIT = 1500
+TAIL_BYTES = 256 << 10
+SKIP_DIRS = {".git", "node_modules", ".venv", "venv", "__pycache__", "checkpoints", "tb", ".cache"}
+
+
+def find_run(cwd: Path, depth: int = 4) -> Optional[Path]:
+    """The watchdog registry's newest run, else the newest metrics.jsonl below ``cwd``."""
+    rec = registry.latest()
+    if rec:
+        return Path(rec["run_dir"])
+    best, best_m = None, -1.0
+    base = len(cwd.parts)
+    for root, dirs, files in os.walk(cwd):
+        dirs[:] = [d for d in dirs if d not in SKIP_DIRS and not d.startswith(".")]
+        if len(Path(root).parts) - base >= depth:
+            dirs[:] = []
+        if METRICS in files:
+            m = os.stat(os.path.join(root, METRICS)).st_mtime
+            if m > best_m:
+                best, best_m = Path(root), m
+    return best
+
+
+def _records(path: Path, max_bytes: int = TAIL_BYTES) -> list:
+    out = []
+    for raw in tail_lines(path, 100000, max_bytes):
+        try:
+            out.append(parse_line(raw))
+        except ValueError:
+            continue
+    return out
+
+
+def _start_record(path: Path) -> Optional[dict]:
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(4096)
+        rec = parse_line(first)
+        return rec if kind_of(rec) == "start" else None
+    except (OSError, ValueError):
+        return None
+
+
+def _age(seconds: Optional[float]) -> str:
+    if seconds is None:
+        return "?"
+    seconds = max(0, seconds)
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def _g(v, digits=4) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, float):
+        return f"{v:.{digits}g}"
+    return str(v)
+
+
+def gather(run_dir: Path, k: int = 5, now: Optional[float] = None, gpu=None) -> dict:
+    """Every fact of the check-in as a dict (``--json`` prints it)."""
+    now = now or time.time()
+    metrics = run_dir / METRICS
+    try:
+        mtime = metrics.stat().st_mtime
+    except OSError:
+        mtime = None
+    recs = _records(metrics) if mtime is not None else []
+    start = _start_record(metrics) or next((r for r in recs if kind_of(r) == "start"), None)
+    steps = [r for r in recs if kind_of(r) == "step"]
+    evals = [r for r in recs if kind_of(r) == "eval"]
+    fatal = next((r for r in reversed(recs) if kind_of(r) == "fatal"), None)
+    wd = read_json(run_dir / WATCHDOG_STATE)
+    wd = wd if isinstance(wd, dict) else None
+    final = read_json(run_dir / SENTINEL)
+    th = Thresholds(**{k2: v for k2, v in ((wd or {}).get("thresholds") or {}).items()
+                       if k2 in Thresholds.__dataclass_fields__})
+
+    pid = (start or {}).get("pid")
+    proc = process(int(pid), cpu_interval=0.05) if is_number(pid) and pid > 0 else None
+    wd_proc = process(int(wd["watchdog_pid"])) if wd and is_number(wd.get("watchdog_pid")) else None
+    log = log_tail(run_dir / LOG, 120) if (run_dir / LOG).exists() else []
+    err = next((ln.strip() for ln in reversed(log) if any(m in ln.lower() for m in OOM_MARKERS)), None) \
+        or last_error(log)
+
+    last = steps[-1] if steps else None
+    age = now - mtime if mtime is not None else None
+    if final is not None:
+        verdict = "DONE"
+    elif wd and wd.get("state") == "anomaly":
+        verdict = f"ANOMALY {wd.get('kind')}"
+    elif fatal is not None:
+        verdict = "ANOMALY fatal"
+    elif proc is not None and not proc.alive:
+        verdict = "DEAD"
+    elif proc is not None and proc.state == "stopped":
+        verdict = "STALLED"
+    elif last is None:
+        verdict = "NOT STARTED"
+    elif age is not None and age > th.max_stall:
+        verdict = "STALLED"
+    else:
+        verdict = "RUNNING healthy"
+
+    total = (start or {}).get("total_steps")
+    step = max([r.get("step", 0) for r in steps + evals + [fatal or {}] if is_number(r.get("step"))] or [0])
+    per_step = ((start or {}).get("batch_size") or 0) * ((start or {}).get("world_size") or 1)
+    recent_sps = [r["sps"] for r in steps[-k:] if is_finite(r.get("sps"))]
+    eta = None
+    if verdict == "RUNNING healthy" and is_number(total) and total > step and recent_sps and per_step:
+        eta = (total - step) / (sorted(recent_sps)[len(recent_sps) // 2] / per_step)
+    finite_evals = [e for e in evals if is_finite(e.get("eval_auroc"))]
+    return {
+        "run_dir": str(run_dir), "verdict": verdict, "metrics_age_s": age,
+        "watchdog_message": (wd or {}).get("message") if verdict.startswith("ANOMALY") else None,
+        "fatal": (fatal or {}).get("FATAL"), "step": step, "total_steps": total,
+        "elapsed_s": (last or {}).get("t"), "eta_s": eta,
+        "steps": [{f: r.get(f) for f in ("step", "loss", "lr", "grad_norm", "sps")} for r in steps[-k:]],
+        "loss_trend": [steps[0].get("loss"), last.get("loss")] if len(steps) > 1 else None,
+        "eval": evals[-1] if evals else None,
+        "best_eval": max(finite_evals, key=lambda e: e["eval_auroc"]) if finite_evals else None,
+        "auroc_trend": [e.get("eval_auroc") for e in evals[-4:]],
+        "final": final if isinstance(final, dict) else None,
+        "watchdog": None if wd is None else {
+            "alive": bool(wd_proc and wd_proc.alive), "state": wd.get("state"),
+            "last_poll_age_s": now - wd["last_poll"] if is_number(wd.get("last_poll")) else None,
+            "bad_lines": (wd.get("records") or {}).get("bad_lines")},
+        "process": None if proc is None else {"pid": proc.pid, "state": proc.state, "cpu_percent": proc.cpu_percent,
+                                              "rss_mb": proc.rss / 2**20 if proc.rss else None},
+        "gpu": _gpu_lines(gpu),
+        "disk_free_gb": (lambda d: d[0] / 1e9 if d else None)(disk_free(str(run_dir / "checkpoints"))),
+        "last_error": err,
+    }
+
+
+def _gpu_lines(gpu) -> list:
+    report = (gpu or Nvml()).read()
+    return [g.line() for g in report.gpus] if report.available else [report.note]
+
+
+def render(f: dict, limit: int = LIMIT) -> str:
+    """The facts as compact text, most important first, whole lines only, <= ``limit`` chars."""
+    age = f"metrics {_age(f['metrics_age_s'])} old" if f["metrics_age_s"] is not None else "no metrics.jsonl"
+    head = [f"{f['verdict']}  {f['run_dir']}  ({age})"]
+    if f["watchdog_message"]:
+        head.append(f["watchdog_message"][:400])
+    elif f["fatal"]:
+        head.append(f"FATAL: {f['fatal'][:300]}")
+    if f["last_error"] and f["verdict"] != "DONE":
+        head.append(f"last error: {f['last_error'][:300]}")
+    if f["final"]:
+        nums = [(k, v) for k, v in f["final"].items() if is_number(v)][:5]
+        head.append("final: " + " ".join(f"{k}={_g(v)}" for k, v in nums))
+    total = f["total_steps"]
+    prog = f"step {f['step']}" + (f"/{total} ({100 * f['step'] / total:.0f}%)" if is_number(total) and total else "")
+    prog += f", elapsed {_age(f['elapsed_s'])}" if f["elapsed_s"] is not None else ""
+    prog += f", ETA {_age(f['eta_s'])}" if f["eta_s"] is not None else ""
+    body = [prog]
+    if f["steps"]:
+        body.append(f"{'step':>7} {'loss':>8} {'lr':>9} {'grad':>8} {'sps':>8}")
+        for r in f["steps"]:
+            body.append(f"{_g(r['step']):>7} {_g(r['loss']):>8} {_g(r['lr'], 3):>9} {_g(r['grad_norm'], 3):>8} "
+                        f"{_g(r['sps']):>8}")
+    if f["loss_trend"]:
+        body.append(f"loss trend (tail): {_g(f['loss_trend'][0])} -> {_g(f['loss_trend'][1])}")
+    if f["eval"]:
+        e, b = f["eval"], f["best_eval"] or {}
+        body.append(f"eval @{e.get('step')}: auroc={_g(e.get('eval_auroc'))} acc={_g(e.get('eval_acc'))}"
+                    + (f"; best auroc={_g(b.get('eval_auroc'))} @{b.get('step')}" if b else "")
+                    + "; trend " + " ".join(_g(x, 3) for x in f["auroc_trend"]))
+    w = f["watchdog"]
+    body.append("watchdog: none (launch scripts/watchdog.py RUN_DIR beside the run)" if w is None else
+                f"watchdog: {'alive' if w['alive'] else 'not running'}, {w['state']}, last poll "
+                f"{_age(w['last_poll_age_s'])} ago, bad lines {w['bad_lines']}")
+    p = f["process"]
+    if p:
+        cpu = f", cpu {p['cpu_percent']:.0f}%" if p["cpu_percent"] is not None else ""
+        rss = f", rss {p['rss_mb']:.0f} MB" if p["rss_mb"] else ""
+        body.append(f"process {p['pid']}: {p['state']}{cpu}{rss}")
+    body += [f"gpu: {g}" if g.startswith("no GPU") else g for g in f["gpu"][:8]]
+    if f["disk_free_gb"] is not None:
+        body.append(f"disk free: {f['disk_free_gb']:.1f} GB")
+    out, used = [], 0
+    for line in head + body:
+        line = line[:limit]
+        if used + len(line) + 1 > limit:
+            break
+        out.append(line)
+        used += len(line) + 1
+    return "\n".join(out)
+
+
+def summary(run_dir, k: int = 5) -> str:
+    return render(gather(Path(run_dir), k))
+
+
+def main(argv=None) -> int:
+    p = Parser(prog="checkin.py", description="The state of a training run in one cheap read: the verdict "
+               "first (RUNNING healthy, DONE, ANOMALY <kind>, DEAD, STALLED, NOT STARTED), then progress, "
+               "recent steps, evals, watchdog, process, GPU, disk and the last error; at most 1,500 characters.")
+    p.add_argument("run_dir", nargs="?", metavar="RUN_DIR",
+                   help="the run directory [the watchdog registry's newest run, else the newest metrics.jsonl below here]")
+    p.add_argument("--json", action="store_true", help="the same facts as one JSON object")
+    p.add_argument("--lines", type=count, default=5, metavar="K", help="step records shown (default: 5)")
+    p.add_argument("--plot", action="store_true", help="also write RUN_DIR/metrics.png (needs matplotlib)")
+    a = p.parse_args(argv)
+    if a.run_dir:
+        run_dir = Path(a.run_dir)
+        if not run_dir.is_dir():
+            print(f"checkin.py: error: {run_dir} is not a run directory; pass the folder holding metrics.jsonl",
+                  file=sys.stderr)
+            return EXIT_USAGE
+    else:
+        run_dir = find_run(Path.cwd())
+        if run_dir is None:
+            print("checkin.py: error: no run found (no watchdog registered one, no metrics.jsonl below "
+                  f"{Path.cwd()}); pass RUN_DIR", file=sys.stderr)
+            return EXIT_USAGE
+    facts = gather(run_dir, a.lines)
+    if a.plot:
+        from .plot import plot
+        facts["plot"] = plot(run_dir)
+    if a.json:
+        print(json.dumps(facts, default=str))
+    else:
+        text = render(facts)
+        if a.plot:
+            text += f"\nplot: {facts['plot']}"
+        print(text)
+    return EXIT_OK

@@ -1,0 +1,105 @@
+"""A phone-friendly PNG of metrics.jsonl: loss with the chance line, eval AUROC with the 0.70
+line, grad norm on a log scale with its alarm bands, sps with the -25% line, and the anomaly
+marked where the watchdog reported one. matplotlib (Agg) is an optional extra."""
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from .cli import EXIT_OK, EXIT_USAGE, Parser
+from .contract import METRICS, WATCHDOG_STATE, TailReader, is_finite, kind_of, read_json
+from .rules import Thresholds
+
+MAX_POINTS = 4000
+
+
+def plot(run_dir) -> str:
+    """Write RUN_DIR/metrics.png atomically; return its path, or a line saying what is missing."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "no plot: matplotlib is not installed (pip install 'supervising-training-runs[plot]' or pip install matplotlib)"
+    run_dir = Path(run_dir)
+    steps, evals, start = [], [], {}
+    for rec in TailReader(str(run_dir / METRICS)).records():
+        k = kind_of(rec)
+        if k == "step":
+            steps.append(rec)
+        elif k == "eval":
+            evals.append(rec)
+        elif k == "start":
+            start = rec
+    if not steps and not evals:
+        return f"no plot: {run_dir / METRICS} holds no step or eval record yet"
+    stride = max(1, len(steps) // MAX_POINTS)
+    steps = steps[::stride]
+    wd = read_json(run_dir / WATCHDOG_STATE) or {}
+    th = Thresholds(**{k: v for k, v in (wd.get("thresholds") or {}).items() if k in Thresholds.__dataclass_fields__})
+    n_labels = start.get("num_labels") or th.num_labels
+
+    fig, ax = plt.subplots(4, 1, figsize=(7.2, 10.8), dpi=150, sharex=True)
+    xs = [r["step"] for r in steps]
+
+    def series(name):
+        return [r.get(name) if is_finite(r.get(name)) else float("nan") for r in steps]
+
+    ax[0].plot(xs, series("loss"), lw=1.2)
+    ax[0].axhline(math.log(max(n_labels, 2)), color="grey", ls="--", lw=1, label=f"chance ln({n_labels})")
+    ax[0].set_ylabel("loss")
+    ax[1].plot([e["step"] for e in evals], [e.get("eval_auroc") for e in evals], "o-", color="tab:green")
+    ax[1].axhline(th.min_auroc, color="red", ls="--", lw=1, label=f"{th.min_auroc:g}")
+    ax[1].set_ylim(0, 1.02)
+    ax[1].set_ylabel("eval AUROC")
+    grads = [g if g and g > 0 else float("nan") for g in series("grad_norm")]
+    ax[2].plot(xs, grads, lw=1, color="tab:purple")
+    ax[2].set_yscale("log")
+    ax[2].axhspan(th.grad_high, max(th.grad_high * 10, max([g for g in grads if g == g] or [1]) * 2), color="red", alpha=0.1)
+    ax[2].axhspan(th.grad_low / 10, th.grad_low, color="red", alpha=0.1)
+    ax[2].set_ylabel("grad norm")
+    sps = series("sps")
+    ax[3].plot(xs, sps, lw=1, color="tab:orange")
+    base = [s for r, s in zip(steps, sps) if r["step"] <= th.baseline_steps and s == s]
+    if base:
+        ax[3].axhline(statistics.median(base) * (1 - th.throughput_drop), color="red", ls="--", lw=1,
+                      label=f"-{th.throughput_drop:.0%}")
+    ax[3].set_ylabel("samples/s")
+    ax[3].set_xlabel("step")
+    if wd.get("state") == "anomaly":
+        for a in ax:
+            a.axvline(wd.get("step", 0), color="red", lw=2, alpha=0.6)
+        ax[0].set_title(f"ANOMALY {wd.get('kind')} at step {wd.get('step')}", color="red", fontsize=11)
+    else:
+        ax[0].set_title(f"{run_dir.name}: step {max(xs or [0])}", fontsize=11)
+    for a in ax:
+        a.grid(alpha=0.3)
+        if a.get_legend_handles_labels()[0]:
+            a.legend(loc="best", fontsize=8)
+    fig.tight_layout()
+    fd, tmp = tempfile.mkstemp(prefix=".metrics.", suffix=".png", dir=run_dir)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, format="png")
+        os.replace(tmp, run_dir / "metrics.png")
+    finally:
+        plt.close(fig)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return str(run_dir / "metrics.png")
+
+
+def main(argv=None) -> int:
+    p = Parser(prog="plot.py", description="Write RUN_DIR/metrics.png, a phone-friendly snapshot of metrics.jsonl.")
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    a = p.parse_args(argv)
+    if not Path(a.run_dir).is_dir():
+        print(f"plot.py: error: {a.run_dir} is not a run directory; pass the folder holding metrics.jsonl", file=sys.stderr)
+        return EXIT_USAGE
+    out = plot(a.run_dir)
+    print(out)
+    return EXIT_OK if out.endswith(".png") else EXIT_USAGE

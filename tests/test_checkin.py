@@ -1,0 +1,164 @@
+"""checkin.py over run directories in every state: the verdict line and the 1,500-char bound."""
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from conftest import SCRIPTS, run_script
+from supervise import registry
+from supervise.contract import atomic_write_json
+
+STEP = '{"step": %d, "t": %d, "loss": 0.4, "lr": 0.0001, "grad_norm": 1.0, "sps": 100}\n'
+
+
+def write(run, text, name="metrics.jsonl"):
+    run.mkdir(parents=True, exist_ok=True)
+    (run / name).write_text(text)
+
+
+def start(pid, total=1000):
+    return json.dumps({"event": "start", "t": 0, "pid": pid, "total_steps": total, "num_labels": 2,
+                       "world_size": 1, "batch_size": 8}) + "\n"
+
+
+def gone_pid():
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def steps(n):
+    return "".join(STEP % (10 * i, i) for i in range(1, n + 1))
+
+
+@pytest.fixture
+def sleeper():
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    yield p
+    p.kill()
+    p.wait()
+
+
+def test_running_healthy(tmp_path, sleeper):
+    write(tmp_path, start(sleeper.pid) + steps(30) + '{"step": 300, "eval_auroc": 0.93, "eval_acc": 0.9}\n')
+    rc, out, _ = run_script("checkin.py", tmp_path)
+    assert rc == 0
+    lines = out.splitlines()
+    assert lines[0].startswith(f"RUNNING healthy  {tmp_path}  (metrics ")
+    assert "step 300/1000 (30%)" in out and "ETA" in out
+    assert "eval @300: auroc=0.93" in out and f"process {sleeper.pid}: sleeping" in out
+    assert "gpu: no GPU" in out or "util" in out
+
+
+@pytest.mark.parametrize("state,first", [
+    ("done", "DONE"), ("anomaly", "ANOMALY nan"), ("dead", "DEAD"), ("not_started", "NOT STARTED"),
+    ("empty", "NOT STARTED"), ("no_metrics", "NOT STARTED"), ("corrupt_torn", "RUNNING healthy"),
+    ("sentinel_only", "DONE"), ("fatal", "ANOMALY fatal"), ("stale", "STALLED"),
+])
+def test_every_state(state, first, tmp_path, sleeper):
+    run = tmp_path / "run"
+    run.mkdir()
+    if state == "done":
+        write(run, start(gone_pid()) + steps(100))
+        atomic_write_json(run / "final_val_metrics.json", {"eval_auroc": 0.97, "eval_acc": 0.93})
+    elif state == "anomaly":
+        write(run, start(sleeper.pid) + steps(10) + '{"step": 110, "t": 11, "loss": NaN, "lr": 0, "grad_norm": NaN, "sps": 1}\n')
+        atomic_write_json(run / "watchdog.json", {"state": "anomaly", "kind": "nan", "watchdog_pid": gone_pid(),
+                                                  "message": "ANOMALY nan: loss = nan is not finite at step 110. Fix.",
+                                                  "last_poll": 0})
+    elif state == "dead":
+        write(run, start(gone_pid()) + steps(10))
+        write(run, "Traceback (most recent call last):\n  File \"t.py\", line 3\nKeyError: 'label'\n", "train.log")
+    elif state == "not_started":
+        write(run, start(sleeper.pid))
+    elif state == "empty":
+        write(run, "")
+    elif state == "corrupt_torn":
+        write(run, start(sleeper.pid) + steps(5) + "garbage\n\x00\x01\n" + steps(3) + '{"step": 99, "lo')
+    elif state == "sentinel_only":
+        atomic_write_json(run / "final_val_metrics.json", {"eval_auroc": 0.9})
+    elif state == "fatal":
+        write(run, start(gone_pid()) + steps(3) + '{"step": 31, "t": 3, "FATAL": "non-finite loss nan"}\n')
+    elif state == "stale":
+        write(run, steps(5))
+        os.utime(run / "metrics.jsonl", (1, 1))
+    rc, out, err = run_script("checkin.py", run)
+    assert rc == 0, err
+    assert out.splitlines()[0].startswith(f"{first}  {run}"), out
+    assert len(out.rstrip("\n")) <= 1500
+    if state == "dead":
+        assert "last error: KeyError: 'label'" in out
+    if state == "anomaly":
+        assert "ANOMALY nan: loss = nan" in out.splitlines()[1]
+
+
+def test_stopped_process_is_stalled(tmp_path, sleeper):
+    write(tmp_path, start(sleeper.pid) + steps(5))
+    os.kill(sleeper.pid, signal.SIGSTOP)
+    try:
+        rc, out, _ = run_script("checkin.py", tmp_path)
+    finally:
+        os.kill(sleeper.pid, signal.SIGCONT)
+    assert out.startswith("STALLED") and "stopped" in out
+
+
+def test_output_stays_bounded_with_huge_values(tmp_path, sleeper):
+    big = "x" * 5000
+    write(tmp_path, start(sleeper.pid) + steps(50) + json.dumps({"step": 600, "t": 1, "FATAL": big}) + "\n")
+    write(tmp_path, "Traceback (most recent call last):\n" + "ValueError: " + big + "\n", "train.log")
+    rc, out, _ = run_script("checkin.py", tmp_path, "--lines", "200")
+    assert rc == 0 and len(out.rstrip("\n")) <= 1500
+    assert all(len(line) < 1500 for line in out.splitlines())
+
+
+def test_json_has_the_same_facts(tmp_path, sleeper):
+    write(tmp_path, start(sleeper.pid) + steps(20))
+    rc, out, _ = run_script("checkin.py", tmp_path, "--json")
+    facts = json.loads(out)
+    assert facts["verdict"] == "RUNNING healthy" and facts["step"] == 200 and len(facts["steps"]) == 5
+    assert facts["process"]["pid"] == sleeper.pid
+
+
+def test_zero_arguments_find_the_registered_run_from_anywhere(tmp_path, sleeper):
+    run = tmp_path / "deep" / "run"
+    write(run, start(sleeper.pid) + steps(5))
+    registry.register(run, os.getpid())
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    rc, out, _ = run_script("checkin.py", cwd=elsewhere)
+    assert rc == 0 and out.startswith(f"RUNNING healthy  {run.resolve()}")
+
+
+def test_zero_arguments_fall_back_to_the_newest_metrics_below(tmp_path, sleeper):
+    old, new = tmp_path / "runs" / "a", tmp_path / "runs" / "b"
+    write(old, steps(5))
+    os.utime(old / "metrics.jsonl", (1, 1))
+    write(new, start(sleeper.pid) + steps(5))
+    rc, out, _ = run_script("checkin.py", cwd=tmp_path)
+    assert rc == 0 and out.startswith(f"RUNNING healthy  {new}")
+
+
+def test_nothing_found_is_one_line_exit_2(tmp_path):
+    rc, out, err = run_script("checkin.py", cwd=tmp_path)
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "pass RUN_DIR" in err
+    rc, out, err = run_script("checkin.py", tmp_path / "missing")
+    assert rc == 2 and "is not a run directory" in err
+
+
+def test_plot_writes_a_png(tmp_path, sleeper):
+    pytest.importorskip("matplotlib")
+    write(tmp_path, start(sleeper.pid) + steps(30) + '{"step": 300, "eval_auroc": 0.93, "eval_acc": 0.9}\n')
+    rc, out, _ = run_script("checkin.py", tmp_path, "--plot")
+    assert rc == 0 and out.strip().endswith("metrics.png")
+    assert (tmp_path / "metrics.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".metrics")] == []
+
+
+def test_checkin_imports_neither_torch_nor_pandas(tmp_path):
+    code = ("import sys; sys.argv=['c', %r]; sys.path.insert(0, %r); from supervise.checkin import main; main(); "
+            "assert 'torch' not in sys.modules and 'pandas' not in sys.modules") % (str(tmp_path), str(SCRIPTS.parent))
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
