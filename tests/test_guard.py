@@ -1,0 +1,194 @@
+"""The hooks' decisions over a table of real commands: zero wrong decisions."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+from supervise.guard import Call, decide
+
+Q = "HF_HUB_DISABLE_PROGRESS_BARS=1 TRANSFORMERS_VERBOSITY=error TOKENIZERS_PARALLELISM=false"
+GOOD = f"mkdir -p runs/a && PYTHONUNBUFFERED=1 {Q} python -u train.py --out runs/a > runs/a/train.log 2>&1"
+WD = "python -u scripts/watchdog.py runs/a --poll 30 > runs/a/watchdog.log 2>&1"
+BG, FG = True, False
+
+# (command, background, denied by rule or None, text the reason must hold)
+TABLE = [
+    # one physical line
+    ("cd runs\nmkdir -p a\npython -u train.py", BG, "one_line", "cd runs && mkdir -p a && "),
+    ("python train.py \\\n  --out runs/a \\\n  --lr 1e-4", BG, "one_line", "python -u train.py --out runs/a --lr 1e-4"),
+    ("cat <<EOF > cfg.yaml\nlr: 1\nEOF", BG, "one_line", "script file"),
+    ("python -c 'import x\nx.run()'", BG, "one_line", "script file"),
+    ("sleep 1\necho done", BG, "one_line", "sleep 1 && echo done"),
+    (f"cd /w && {GOOD}\n", BG, None, ""),  # a trailing newline is still one line
+    ("mkdir -p a\ncd a\nls", FG, None, ""),  # foreground multi-line is fine
+    ("for i in 1 2; do\n echo $i\ndone", FG, None, ""),
+    # unbuffered
+    (f"{Q} python train.py --out runs/a", BG, "unbuffered", f"python -u train.py"),
+    (f"{Q} python3 train.py", BG, "unbuffered", "python3 -u train.py"),
+    (f"{Q} python3.11 -m mypkg.train", BG, "unbuffered", "python3.11 -u -m mypkg.train"),
+    (f"{Q} torchrun --nproc_per_node 2 train.py", BG, "unbuffered", "PYTHONUNBUFFERED=1"),
+    (f"{Q} accelerate launch train.py", BG, "unbuffered", "PYTHONUNBUFFERED=1"),
+    (f"{Q} deepspeed train.py", BG, "unbuffered", "PYTHONUNBUFFERED=1"),
+    (f"{Q} uv run train.py", BG, "unbuffered", "PYTHONUNBUFFERED=1"),
+    (f"cd x && env {Q} python train.py", BG, "unbuffered", "-u"),
+    (f"PYTHONUNBUFFERED=1 {Q} python train.py", BG, None, ""),
+    (f"export PYTHONUNBUFFERED=1 && {Q} torchrun train.py", BG, None, ""),
+    (f"{Q} python -u train.py", BG, None, ""),
+    (f"{Q} python -uB train.py", BG, None, ""),
+    # quiet environment
+    ("python -u train.py --out runs/a", BG, "quiet_env", f"{Q} python -u train.py"),
+    ("PYTHONUNBUFFERED=1 HF_HUB_DISABLE_PROGRESS_BARS=1 torchrun train.py", BG, "quiet_env",
+     "TRANSFORMERS_VERBOSITY, TOKENIZERS_PARALLELISM"),
+    ("TRANSFORMERS_VERBOSITY=info python -u x.py", BG, "quiet_env", "TRANSFORMERS_VERBOSITY=error"),
+    (GOOD, BG, None, ""),
+    (f"{Q} PYTHONUNBUFFERED=1 uv run train.py > log 2>&1", BG, None, ""),
+    ("python train.py", FG, None, ""),  # foreground: it ends in front of the agent
+    ("sleep 600", BG, None, ""),
+    ("npm run build", BG, None, ""),
+    # the bundle's own scripts are exempt from the environment rules, not from one line
+    (WD, BG, None, ""),
+    ("python scripts/checkin.py runs/a", BG, None, ""),
+    ("python /opt/plugin/scripts/watchdog.py runs/a --poll 30", BG, None, ""),
+    (f"python scripts/smoke.py runs/s -- {Q} python -u train.py --smoke", BG, None, ""),
+    ("python scripts/watchdog.py runs/a\n--poll 30", BG, "one_line", ""),
+    # notified
+    (f"{Q} python -u train.py > log 2>&1 &", FG, "notified", f"{Q} python -u train.py > log 2>&1"),
+    ("nohup python train.py > log 2>&1 &", FG, "notified", "run_in_background: true"),
+    ("setsid torchrun train.py", FG, "notified", "run_in_background"),
+    ("python train.py & disown", FG, "notified", ""),
+    ("tmux new -d 'python train.py'", FG, "notified", ""),
+    ("screen -dmS t python train.py", FG, "notified", ""),
+    ("sleep 5 &", FG, None, ""),
+    ("echo a & echo b", FG, None, ""),
+    # no log dumps
+    ("cat {big}", FG, "no_log_dumps", "checkin.py"),
+    ("less {big}", FG, "no_log_dumps", ""),
+    ("tail -n 5000 train.log", FG, "no_log_dumps", 'grep -avE "it/s|Materializing|Loading weights" train.log | tail -n 50'),
+    ("tail -1000 runs/a/train.log", FG, "no_log_dumps", ""),
+    ("head -n 300 nohup.out", FG, "no_log_dumps", ""),
+    ("tail --lines=900 x.err", FG, "no_log_dumps", ""),
+    ("tail -n 20 metrics.jsonl", FG, None, ""),
+    ('grep -avE "it/s" train.log | tail -n 50', FG, None, ""),
+    ("tail -n 5000 train.log | grep -i error", FG, None, ""),
+    ("cat {small}", FG, None, ""),
+    ("cat {big} | grep Traceback", FG, None, ""),
+    ("tail -n 5000 metrics.jsonl", FG, None, ""),
+    ("tail -f train.log", FG, None, ""),
+    # no credential hunting
+    ("cat ~/.git-credentials", FG, "no_credential_hunting", "tell the user"),
+    ("cat $HOME/.netrc", FG, "no_credential_hunting", ""),
+    ("grep token ~/.config/gh/hosts.yml", FG, "no_credential_hunting", ""),
+    ("cat ~/.cache/huggingface/token", FG, "no_credential_hunting", ""),
+    ("ls -la ~/.ssh/id_rsa", FG, "no_credential_hunting", ""),
+    ("cat ~/.aws/credentials", FG, "no_credential_hunting", ""),
+    ("cat ~/.docker/config.json", FG, "no_credential_hunting", ""),
+    ("cat ~/.kaggle/kaggle.json", FG, "no_credential_hunting", ""),
+    ("echo protocol=https | git credential fill", FG, "no_credential_hunting", ""),
+    ("echo $HF_TOKEN", FG, "no_credential_hunting", ""),
+    ('printf "%s" "${OPENAI_API_KEY}"', FG, "no_credential_hunting", ""),
+    ("printenv GITHUB_TOKEN", FG, "no_credential_hunting", ""),
+    ("env | grep -i token", FG, "no_credential_hunting", ""),
+    ("echo $PATH", FG, None, ""),
+    ("git push origin main", FG, None, ""),
+    ("ssh-keygen -l -f ~/.ssh/known_hosts", FG, None, ""),
+    ("env | grep CUDA", FG, None, ""),
+    ('curl -H "Authorization: Bearer $HF_TOKEN" https://example.invalid', FG, None, ""),
+]
+
+
+@pytest.fixture
+def files(tmp_path):
+    (tmp_path / "big.log").write_bytes(b"x" * (300 << 10))
+    (tmp_path / "small.txt").write_text("ok\n")
+    return {"big": "big.log", "small": "small.txt"}
+
+
+@pytest.mark.parametrize("command,background,rule,needle", TABLE, ids=[f"{i:02d}-{t[2] or 'allow'}" for i, t in enumerate(TABLE)])
+def test_decision(command, background, rule, needle, files, tmp_path):
+    command = command.replace("{big}", files["big"]).replace("{small}", files["small"])
+    reason = decide(Call("Bash", command, background, cwd=str(tmp_path), env={"HOME": "/root"}))
+    if rule is None:
+        assert reason is None, reason
+    else:
+        assert reason is not None and reason.startswith(f"[{rule}] "), reason
+        assert needle in reason, reason
+        assert len(reason.split(" Run instead: ")[0]) <= 400
+
+
+def test_table_is_big_enough():
+    assert len(TABLE) >= 50
+    assert {r for _, _, r, _ in TABLE} >= {"one_line", "unbuffered", "quiet_env", "notified", "no_log_dumps",
+                                         "no_credential_hunting", None}
+
+
+def test_corrected_command_passes_every_rule(tmp_path):
+    bad = "cd /tmp\nmkdir -p runs/a\npython train.py --out runs/a > runs/a/train.log 2>&1"
+    reason = decide(Call("Bash", bad, True, cwd=str(tmp_path)))
+    fix = reason.split(" Run instead: ")[1]
+    assert fix == (f"cd /tmp && mkdir -p runs/a && PYTHONUNBUFFERED=1 {Q} python -u train.py --out runs/a "
+                   "> runs/a/train.log 2>&1")
+    assert decide(Call("Bash", fix, True, cwd=str(tmp_path))) is None
+
+
+def test_hook_environment_counts():
+    env = {"PYTHONUNBUFFERED": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error",
+           "TOKENIZERS_PARALLELISM": "false"}
+    assert decide(Call("Bash", "python train.py", True, env=env)) is None
+
+
+def test_rules_can_be_switched_off():
+    assert decide(Call("Bash", "a\nb", True, env={"SUPERVISE_GUARD_OFF": "one_line"})) is None
+
+
+V4 = "args = TrainingArguments(output_dir='o', evaluation_strategy='steps', overwrite_output_dir=True)\n"
+
+
+@pytest.mark.parametrize("tool,tool_input,denied", [
+    ("Write", {"file_path": "/w/train.py", "content": V4}, True),
+    ("Edit", {"file_path": "/w/train.py", "old_string": "x", "new_string": V4}, True),
+    ("MultiEdit", {"file_path": "/w/t.py", "edits": [{"old_string": "a", "new_string": "b"},
+                                                     {"old_string": "c", "new_string": V4}]}, True),
+    ("Write", {"file_path": "/w/train.py", "content": "TrainingArguments(eval_strategy='steps')\n"}, False),
+    ("Write", {"file_path": "/w/NOTES.md", "content": V4}, False),
+])
+def test_v5_arguments_through_the_hook(tool, tool_input, denied):
+    pytest.importorskip("transformers")
+    out = run_hook({"tool_name": tool, "tool_input": tool_input, "cwd": "/w"})
+    if denied:
+        assert out["hookSpecificOutput"]["permissionDecision"] == "deny"
+        assert "eval_strategy=" in out["hookSpecificOutput"]["permissionDecisionReason"]
+    else:
+        assert out is None
+
+
+def run_hook(data, raw=None):
+    p = subprocess.run([sys.executable, str(ROOT / "hooks" / "pretooluse.py")], input=raw if raw is not None
+                       else json.dumps(data), capture_output=True, text=True, timeout=10)
+    assert p.returncode == 0
+    return json.loads(p.stdout) if p.stdout.strip() else None
+
+
+def test_hook_denies_in_the_client_format():
+    out = run_hook({"tool_name": "Bash", "tool_input": {"command": "a\nb", "run_in_background": True}})
+    assert out == {"hookSpecificOutput": {"hookEventName": "PreToolUse", "permissionDecision": "deny",
+                                          "permissionDecisionReason": out["hookSpecificOutput"]["permissionDecisionReason"]}}
+    assert "a && b" in out["hookSpecificOutput"]["permissionDecisionReason"]
+
+
+@pytest.mark.parametrize("raw", ["", "not json", "[1, 2]", '{"tool_name": "Bash", "tool_input": {"command": 5}}',
+                                 '{"tool_name": "Bash", "tool_input": {"command": "echo \'unterminated"}}'])
+def test_bad_input_allows_and_never_crashes(raw):
+    p = subprocess.run([sys.executable, str(ROOT / "hooks" / "pretooluse.py")], input=raw, capture_output=True,
+                       text=True, timeout=10)
+    assert p.returncode == 0 and p.stdout == ""
+    assert "Traceback" not in p.stderr
+
+
+def test_hook_imports_neither_torch_nor_pandas():
+    code = ("import sys, io; sys.path.insert(0, %r); import supervise.guard as g; "
+            "sys.stdin = io.StringIO('{\"tool_name\": \"Bash\", \"tool_input\": {\"command\": \"ls\"}}'); g.main(); "
+            "assert 'torch' not in sys.modules and 'pandas' not in sys.modules and 'transformers' not in sys.modules"
+            ) % str(ROOT)
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
