@@ -50,7 +50,7 @@ EVAL_STEPS = 50          # an eval record (and a checkpoint) every this many ste
 MAX_GRAD_NORM = 1.0
 PRECISION = "fp32"       # fp32 | fp16 | bf16 (GPU)
 SEED = 0
-SMOKE = False            # --smoke: 2,000 samples, 1 epoch, eval every 20 steps
+SMOKE = False            # --smoke: 2,000 samples, 1 epoch, eval every 20 steps, batch <= 16
 # -----------------------------------------------------------------------------
 
 
@@ -80,6 +80,7 @@ def parse_args():
     a = p.parse_args()
     if a.smoke:
         a.samples, a.epochs, a.eval_steps = 2000, 1, 20
+        a.batch = min(a.batch, 16)  # ~125 steps: enough to see the loss leave chance
         a.eval_samples = min(a.eval_samples, 400)
     return a
 

@@ -47,7 +47,7 @@ EVAL_SAMPLES = 600
 EVAL_FRACTION = 0.1
 EPOCHS = 2
 BATCH = 32               # per process
-LR = 3e-3
+LR = 1e-2
 MAX_LEN = 32
 MAX_STEPS = -1           # -1: EPOCHS decide
 LOGGING_STEPS = 10
@@ -87,6 +87,7 @@ def parse_args():
     a = p.parse_args()
     if a.smoke:
         a.samples, a.epochs, a.eval_steps = 2000, 1, 20
+        a.batch = min(a.batch, 16)  # ~125 steps: enough to see the loss leave chance
         a.eval_samples = min(a.eval_samples, 400)
     return a
 
@@ -173,6 +174,14 @@ class Classifier(nn.Module):
         mask = (ids != 0).unsqueeze(-1).float()
         pooled = (h * mask).sum(1) / mask.sum(1).clamp(min=1)
         return self.head(pooled)
+
+
+def load_checkpoint(path):
+    """Rebuild the model a checkpoint was saved from (smoke.py's strict reload check)."""
+    ckpt = torch.load(path, map_location="cpu")
+    model = Classifier(len(ckpt["vocab"]), ckpt["dim"], ckpt["num_labels"])
+    model.load_state_dict(ckpt["model"], strict=True)
+    return model
 
 
 # ----------------------------------------------------------------------------- telemetry

@@ -1,0 +1,248 @@
+"""The smoke preflight as a table of checks: run the command (or read an existing run), then
+one PASS/FAIL row per check with the measured value. Exit 0 when all pass, 7 otherwise.
+
+torch and transformers are imported only for the checkpoint reload, and only when present."""
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from .cli import EXIT_ANOMALY, EXIT_OK, EXIT_USAGE, Parser, duration, positive_float, positive_int
+from .contract import METRICS, SENTINEL, TailReader, is_finite, kind_of, validate_file
+from .guard import QUIET, V4_ARGS
+
+
+@dataclass
+class Row:
+    name: str
+    ok: Optional[bool]   # None: skipped
+    value: str
+
+    def line(self) -> str:
+        mark = {True: "PASS", False: "FAIL", None: "SKIP"}[self.ok]
+        return f"{mark}  {self.name:<16} {self.value}"
+
+
+def _records(run_dir: Path):
+    steps, evals, start = [], [], {}
+    for rec in TailReader(str(run_dir / METRICS)).records():
+        k = kind_of(rec)
+        if k == "step":
+            steps.append(rec)
+        elif k == "eval":
+            evals.append(rec)
+        elif k == "start":
+            start = rec
+    return start, steps, evals
+
+
+def check_contract(run_dir: Path) -> Row:
+    path = run_dir / METRICS
+    if not path.exists():
+        return Row("contract", False, f"{path} does not exist: the script must write RUN_DIR/metrics.jsonl")
+    problems = validate_file(path, require=("grad_norm", "sps"))
+    if problems:
+        more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+        return Row("contract", False, problems[0] + more)
+    _, steps, evals = _records(run_dir)
+    if not steps:
+        return Row("contract", False, "no step record: write {step, t, loss, lr, grad_norm, sps} every ~10 steps")
+    return Row("contract", True, f"{len(steps)} step and {len(evals)} eval records valid, grad_norm and sps present")
+
+
+def check_loss(steps, num_labels: int, margin: float) -> Row:
+    losses = [r["loss"] for r in steps[-3:] if is_finite(r.get("loss"))]
+    if not losses:
+        return Row("loss < chance", False, "no finite loss in the last step records")
+    chance = math.log(max(num_labels, 2))
+    limit = chance * (1 - margin)
+    med = statistics.median(losses)
+    return Row("loss < chance", med < limit, f"final loss {med:.4g} {'<' if med < limit else '>='} {limit:.4g} "
+               f"(ln({num_labels}) - {margin:.0%})" + ("" if med < limit else ": the model learns nothing; "
+                                                      "check the learning rate and the labels"))
+
+
+def check_auroc(evals, rise: float, inverted: float) -> Row:
+    values = [e["eval_auroc"] for e in evals if is_finite(e.get("eval_auroc"))]
+    if not values:
+        return Row("auroc rises", False, "no eval record with eval_auroc: evaluate every ~20 steps in the smoke run")
+    last, best = values[-1], max(values)
+    trail = " -> ".join(f"{v:.3f}" for v in values[-4:])
+    if last <= inverted:
+        return Row("auroc rises", False, f"eval_auroc {trail}: {last:.3f} <= {inverted:g}, the labels are inverted: flip them")
+    if best < 0.5 + rise:
+        return Row("auroc rises", False, f"eval_auroc {trail}: never above {0.5 + rise:g}, stuck at chance")
+    return Row("auroc rises", True, f"eval_auroc {trail} (best {best:.3f} > {0.5 + rise:g})")
+
+
+def _checkpoints(run_dir: Path) -> list[Path]:
+    found = []
+    for root, dirs, files in os.walk(run_dir):
+        p = Path(root)
+        if "config.json" in files and any(f.endswith((".safetensors", ".bin")) for f in files):
+            found.append(p)
+            dirs[:] = []
+            continue
+        found += [p / f for f in files if f.endswith((".pt", ".pth"))]
+    return sorted(found, key=lambda p: p.stat().st_mtime)
+
+
+def check_checkpoint(run_dir: Path, script: Optional[Path]) -> Row:
+    ckpts = _checkpoints(run_dir)
+    if not ckpts:
+        return Row("checkpoint", False, f"no checkpoint under {run_dir}: a late crash would lose the whole run")
+    ck = ckpts[-1]
+    try:
+        import torch
+    except ImportError:
+        return Row("checkpoint", None, f"{ck.name} saved; reload not checked (torch is not installed)")
+    try:
+        if ck.is_dir():
+            from transformers import AutoModelForSequenceClassification
+            model = AutoModelForSequenceClassification.from_pretrained(ck).eval()
+            with torch.no_grad():
+                out = model(input_ids=torch.ones(1, 8, dtype=torch.long)).logits
+            ok = bool(torch.isfinite(out).all())
+            return Row("checkpoint", ok, f"{ck.relative_to(run_dir)} reloads (from_pretrained) and a forward pass "
+                       f"gives {tuple(out.shape)} {'finite' if ok else 'NON-FINITE'} logits")
+        state = torch.load(ck, map_location="cpu", weights_only=False)
+        sd = state.get("model", state) if isinstance(state, dict) else state
+        tensors = [v for v in sd.values() if torch.is_tensor(v)] if isinstance(sd, dict) else []
+        if not tensors:
+            return Row("checkpoint", False, f"{ck.name} holds no state dict of tensors")
+        if not all(bool(torch.isfinite(t).all()) for t in tensors if t.is_floating_point()):
+            return Row("checkpoint", False, f"{ck.name} holds non-finite weights")
+        loader = _script_attr(script, "load_checkpoint")
+        if loader is None:
+            return Row("checkpoint", True, f"{ck.relative_to(run_dir)}: {len(tensors)} finite tensors "
+                       "(define load_checkpoint(path) in the script for a strict reload)")
+        loader(str(ck))  # the script rebuilds its model and calls load_state_dict(strict=True)
+        return Row("checkpoint", True, f"{ck.relative_to(run_dir)} reloads with load_state_dict(strict=True)")
+    except Exception as e:
+        return Row("checkpoint", False, f"{ck.name} does not reload: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
+
+
+def _script_attr(script: Optional[Path], name: str):
+    if script is None or not script.exists():
+        return None
+    spec = importlib.util.spec_from_file_location(f"_smoke_{script.stem}", script)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return getattr(mod, name, None)
+
+
+def check_sentinel(run_dir: Path) -> Row:
+    ok = (run_dir / SENTINEL).exists()
+    return Row("sentinel", ok, f"{SENTINEL} {'written' if ok else 'missing: write it atomically, last'}")
+
+
+def check_v5(script: Optional[Path]) -> Row:
+    if script is None:
+        return Row("v5 arguments", None, "no script to read (pass -- COMMAND or --script PATH)")
+    try:
+        text = script.read_text(errors="replace")
+    except OSError as e:
+        return Row("v5 arguments", False, f"cannot read {script}: {e.strerror}")
+    for n, line in enumerate(text.splitlines(), 1):
+        m = V4_ARGS.search(line)
+        if m and not line.lstrip().startswith("#"):
+            return Row("v5 arguments", False, f"{script.name}:{n} passes {m.group(1)}=, removed in transformers v5: "
+                       "use eval_strategy= and drop overwrite_output_dir=")
+    return Row("v5 arguments", True, f"{script.name}: no evaluation_strategy= or overwrite_output_dir=")
+
+
+def check_projection(steps, samples: Optional[int], epochs: float, window: Optional[float]) -> Row:
+    if not samples:
+        return Row("projection", None, "pass --full-samples N --epochs E --window W to project the full run")
+    sps = [r["sps"] for r in steps if is_finite(r.get("sps")) and r["sps"] > 0]
+    if not sps:
+        return Row("projection", False, "no sps in the step records")
+    rate = statistics.median(sps[len(sps) // 4:] or sps)  # skip the warm-up quarter
+    need = samples * epochs / rate
+    if window is None:
+        return Row("projection", True, f"{samples:,} x {epochs:g} / {rate:.4g} sps = {need / 3600:.2f} h")
+    fits = need <= window
+    tail = "" if fits else f": subsample to {int(samples * window / need):,} samples ({window / need:.0%})"
+    return Row("projection", fits, f"{samples:,} x {epochs:g} / {rate:.4g} sps = {need / 3600:.2f} h "
+               f"{'<=' if fits else '>'} window {window / 3600:.2f} h{tail}")
+
+
+def script_of(command: list[str]) -> Optional[Path]:
+    return next((Path(w) for w in command if w.endswith(".py")), None)
+
+
+def run_command(run_dir: Path, command: list[str], timeout: float) -> Row:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **QUIET}
+    t0 = time.time()
+    print(f"smoke: running {shlex.join(command)} > {run_dir / 'train.log'} 2>&1", file=sys.stderr, flush=True)
+    with open(run_dir / "train.log", "ab") as log:
+        try:
+            p = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=timeout)
+        except FileNotFoundError:
+            return Row("command", False, f"{command[0]}: not found")
+        except subprocess.TimeoutExpired:
+            return Row("command", False, f"still running after {timeout:.0f}s: a smoke run should take minutes")
+    took = time.time() - t0
+    if p.returncode != 0:
+        from .logs import log_tail
+        from .rules import last_error
+        err = last_error(log_tail(run_dir / "train.log")) or f"exit {p.returncode}"
+        return Row("command", False, f"exit {p.returncode} after {took:.0f}s: {err[:200]}")
+    return Row("command", True, f"exit 0 after {took:.0f}s")
+
+
+def smoke(run_dir: Path, command: list[str], script: Optional[Path], num_labels: Optional[int], margin: float,
+          samples: Optional[int], epochs: float, window: Optional[float], timeout: float) -> list[Row]:
+    rows = [run_command(run_dir, command, timeout)] if command else []
+    script = script or (script_of(command) if command else None)
+    rows.append(check_contract(run_dir))
+    start, steps, evals = _records(run_dir) if (run_dir / METRICS).exists() else ({}, [], [])
+    k = num_labels or start.get("num_labels") or 2
+    rows += [check_loss(steps, k, margin), check_auroc(evals, 0.1, 0.3), check_checkpoint(run_dir, script),
+             check_sentinel(run_dir), check_v5(script), check_projection(steps, samples, epochs, window)]
+    return rows
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, command = argv[:i], argv[i + 1:]
+    p = Parser(prog="smoke.py", description="The smoke preflight: run COMMAND (after --), or check an existing "
+               "run, then one PASS/FAIL row per check; exit 0 when all pass, 7 otherwise.",
+               epilog="example: python scripts/smoke.py runs/smoke -- python -u train.py --out runs/smoke --smoke")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="the run directory the command writes (its --out)")
+    p.add_argument("--script", type=Path, help="the training script to read [the .py in COMMAND]")
+    p.add_argument("--num-labels", type=positive_int, help="classes [the start record's, else 2]")
+    p.add_argument("--margin", type=positive_float, default=0.05, help="loss must end this fraction below ln(num_labels) (default: 0.05)")
+    p.add_argument("--full-samples", type=positive_int, metavar="N", help="training samples of the full run")
+    p.add_argument("--epochs", type=positive_float, default=1.0, metavar="E", help="epochs of the full run (default: 1)")
+    p.add_argument("--window", type=duration, metavar="W", help="the GPU window, e.g. 8h")
+    p.add_argument("--timeout", type=duration, default=1800.0, help="longest the smoke command may run (default: 30m)")
+    a = p.parse_args(argv)
+    run_dir = Path(a.run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        print(f"smoke.py: error: {run_dir} is a file, not a run directory", file=sys.stderr)
+        return EXIT_USAGE
+    if not command and not run_dir.is_dir():
+        print(f"smoke.py: error: {run_dir} does not exist; give the command to run after --", file=sys.stderr)
+        return EXIT_USAGE
+    rows = smoke(run_dir, command, a.script, a.num_labels, a.margin, a.full_samples, a.epochs, a.window, a.timeout)
+    for r in rows:
+        print(r.line())
+    failed = [r for r in rows if r.ok is False]
+    print(f"SMOKE FAILED: {', '.join(r.name for r in failed)}" if failed else
+          f"SMOKE PASSED: {sum(r.ok is True for r in rows)} checks")
+    return EXIT_ANOMALY if failed else EXIT_OK
