@@ -57,7 +57,7 @@ def test_command_mode_reads_the_scripts_own_sps(tmp_path):
 
 @pytest.mark.parametrize("args,needle", [
     (["--cmd", "true"], "--cmd needs --run-dir"),
-    (["--window", "-3h"], "must be more than 0"),
+    (["--window=-3h"], "must be more than 0"),
     (["--cmd", "true", "--run-dir", "{tmp}"], "wrote no step record"),
 ])
 def test_bad_usage(args, needle, tmp_path):
