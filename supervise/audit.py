@@ -1,0 +1,266 @@
+"""Audit a code corpus before training: check every row in a process pool, keep a row only where
+the validity check and (when asked) the normalizer both succeed, and write the raw and the
+normalized variants with identical ids in identical order. Inputs are never modified."""
+from __future__ import annotations
+
+import ast
+import json
+import os
+import signal
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+
+from .cli import EXIT_OK, EXIT_USAGE, Parser, duration, positive_int
+from .contract import atomic_write_json
+
+MAX_ROW = 1 << 20  # bytes; a bigger row is a reason, not a crash
+CHUNK = 256
+
+
+class UsageError(Exception):
+    pass
+
+
+def _alarm(signum, frame):
+    raise TimeoutError()
+
+
+def normalize(code: str, how: str) -> str:
+    if how == "black":
+        import black
+        return black.format_str(code, mode=black.Mode())
+    return ast.unparse(ast.parse(code)) + "\n"
+
+
+def check_row(args) -> tuple:
+    """(ok, reason, normalized, first error line) for one row. Module level: picklable."""
+    code, how, variant, timeout = args
+    if not isinstance(code, str) or not code.strip():
+        return False, "empty", None, ""
+    if "\x00" in code:
+        return False, "nul_bytes", None, "NUL byte in the text"
+    if "\ufffd" in code or any(0xD800 <= ord(c) <= 0xDFFF for c in code[:100000]):
+        return False, "undecodable", None, "undecodable bytes in the text"
+    if len(code.encode("utf-8", "replace")) > MAX_ROW:
+        return False, "too_large", None, f"{len(code):,} characters"
+    old = signal.signal(signal.SIGALRM, _alarm)
+    signal.setitimer(signal.ITIMER_REAL, timeout)
+    try:
+        try:
+            ast.parse(code)
+        except SyntaxError as e:
+            return False, "syntax_error", None, f"line {e.lineno}: {e.msg}"
+        except (RecursionError, MemoryError, ValueError) as e:
+            return False, "parser_error", None, f"{type(e).__name__}: {str(e)[:100]}"
+        if variant is not None:  # a normalized variant made elsewhere
+            try:
+                ast.parse(variant)
+            except (SyntaxError, RecursionError, MemoryError, ValueError) as e:
+                return False, "normalized_invalid", None, f"{type(e).__name__}: {str(e)[:100]}"
+            if variant == code and how and normalize(code, how) != code:
+                return False, "verbatim_fallback", None, f"the variant is the raw text, which {how} would change"
+            return True, "", variant, ""
+        if how:
+            try:
+                return True, "", normalize(code, how), ""
+            except TimeoutError:
+                raise
+            except Exception as e:
+                return False, "normalizer_error", None, f"{type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''}"
+        return True, "", None, ""
+    except TimeoutError:
+        return False, "timeout", None, f"longer than {timeout:g}s"
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _progress(done: int, total: int, t0: float, last: list) -> None:
+    if total and (done * 10 // total > last[0] or done == total):
+        last[0] = done * 10 // total
+        print(f"audit: {done:,}/{total:,} rows ({done / total:.0%}), {done / max(time.time() - t0, 1e-9):,.0f} rows/s",
+              file=sys.stderr, flush=True)
+
+
+def check_all(tasks: list, workers: int) -> list:
+    """check_row over every task, results in input order, in a pool of ``workers``. When a row
+    kills its worker (a parser crash), the lost chunks are retried row by row, and a row that
+    still breaks a process on its own is marked ``parser_error``."""
+    if workers <= 1:
+        return [check_row(t) for t in tasks]
+    results, t0, last, done = [None] * len(tasks), time.time(), [-1], 0
+    pending = [list(range(i, min(i + CHUNK, len(tasks)))) for i in range(0, len(tasks), CHUNK)]
+    while pending:
+        lost = []
+        with ProcessPoolExecutor(workers) as pool:
+            futures = {pool.submit(_chunk, [tasks[i] for i in c]): c for c in pending}
+            for fut in as_completed(futures):
+                c = futures[fut]
+                try:
+                    for i, r in zip(c, fut.result()):
+                        results[i] = r
+                    done += len(c)
+                    _progress(done, len(tasks), t0, last)
+                except BrokenProcessPool:
+                    lost.append(c)
+        pending = [[i] for c in lost if len(c) > 1 for i in c]
+        for c in lost:
+            if len(c) == 1:
+                results[c[0]] = _alone(tasks[c[0]])
+                done += 1
+    return results
+
+
+def _chunk(tasks):
+    return [check_row(t) for t in tasks]
+
+
+def _alone(task):
+    with ProcessPoolExecutor(1) as p:
+        try:
+            return p.submit(check_row, task).result()
+        except BrokenProcessPool:
+            return False, "parser_error", None, "the parser crashed its process"
+
+
+def read_table(path: Path):
+    import pandas as pd
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".csv":
+            return pd.read_csv(path, keep_default_na=False), "csv"
+        if suffix in (".jsonl", ".json"):
+            return pd.read_json(path, lines=suffix == ".jsonl", dtype=False), "jsonl"
+        if suffix == ".parquet":
+            return pd.read_parquet(path), "parquet"
+    except ImportError as e:
+        raise UsageError(f"reading {path.name} needs {e.name}: pip install 'supervising-training-runs[audit]'")
+    except Exception as e:
+        raise UsageError(f"cannot read {path}: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
+    raise UsageError(f"{path.name}: unknown format {suffix!r}; use .csv, .jsonl or .parquet")
+
+
+def write_table(df, path: Path, fmt: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    if fmt == "csv":
+        df.to_csv(tmp, index=False)
+    elif fmt == "jsonl":
+        df.to_json(tmp, orient="records", lines=True, force_ascii=False)
+    else:
+        df.to_parquet(tmp, index=False)
+    os.replace(tmp, path)
+
+
+def balance(df, label: str, per_class: int, seed: int, allow_smaller: bool):
+    """Sample each label group explicitly and concatenate: the label column survives (pandas'
+    groupby().apply() drops it)."""
+    import pandas as pd
+    if label not in df.columns:
+        raise UsageError(f"no column {label!r} to balance on; columns are {list(df.columns)}")
+    parts = []
+    for value, group in df.groupby(label, sort=True):
+        if len(group) < per_class and not allow_smaller:
+            raise UsageError(f"class {value!r} has {len(group)} kept rows, fewer than --per-class {per_class}; "
+                             "lower it or pass --allow-smaller")
+        parts.append(group.sample(n=min(per_class, len(group)), random_state=seed))
+    return pd.concat(parts).sort_index()
+
+
+def audit(a) -> dict:
+    src = Path(a.input)
+    df, fmt = read_table(src)
+    if a.code_col not in df.columns:
+        raise UsageError(f"no column {a.code_col!r} in {src.name}; columns are {list(df.columns)} (use --code-col)")
+    ids = df[a.id_col] if a.id_col else df.index.to_series()
+    if a.id_col and a.id_col not in df.columns:
+        raise UsageError(f"no column {a.id_col!r} in {src.name}; columns are {list(df.columns)} (use --id-col)")
+    if ids.duplicated().any():
+        raise UsageError(f"ids are not unique in {src.name}: {ids[ids.duplicated()].iloc[0]!r} repeats")
+    variants = None
+    if a.normalized:
+        ndf, _ = read_table(Path(a.normalized))
+        col = a.normalized_col or a.code_col
+        if col not in ndf.columns or (a.id_col and a.id_col not in ndf.columns):
+            raise UsageError(f"{Path(a.normalized).name} needs columns {col!r}"
+                             f"{' and ' + repr(a.id_col) if a.id_col else ''}; it has {list(ndf.columns)}")
+        nids = ndf[a.id_col] if a.id_col else ndf.index.to_series()
+        if set(nids) != set(ids):
+            missing = len(set(ids) - set(nids))
+            extra = len(set(nids) - set(ids))
+            raise UsageError(f"the normalized variant must hold the same ids: {missing} missing, {extra} extra")
+        variants = dict(zip(nids, ndf[col]))
+    how = a.normalize or ("black" if a.normalized and _has_black() else "ast" if a.normalized else None)
+    tasks = [(c if isinstance(c, str) else ("" if c is None else str(c)), how,
+              None if variants is None else variants[i], a.row_timeout) for i, c in zip(ids, df[a.code_col])]
+    t0 = time.time()
+    results = check_all(tasks, a.workers)
+    seconds = time.time() - t0
+    kept = [ok for ok, *_ in results]
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    raw_kept = df[kept]
+    ext = {"csv": "csv", "jsonl": "jsonl", "parquet": "parquet"}[fmt]
+    if a.balance:
+        raw_kept = balance(raw_kept, a.balance, a.per_class, a.seed, a.allow_smaller)
+    write_table(raw_kept, out / f"raw.kept.{ext}", fmt)
+    if how or variants is not None:
+        norm = raw_kept.copy()
+        by_pos = {i: r[2] for i, r in zip(df.index, results)}
+        norm[a.code_col] = [by_pos[i] for i in raw_kept.index]
+        write_table(norm, out / f"normalized.kept.{ext}", fmt)
+    reasons: dict = {}
+    tmp = out / ".rejected.jsonl.tmp"
+    with open(tmp, "w") as f:
+        for i, (ok, reason, _, err) in zip(ids, results):
+            if not ok:
+                reasons[reason] = reasons.get(reason, 0) + 1
+                f.write(json.dumps({"id": i if isinstance(i, (int, str)) else str(i), "reason": reason,
+                                    "error": err}, default=str) + "\n")
+    os.replace(tmp, out / "rejected.jsonl")
+    report = {"input": str(src), "rows": len(df), "kept": int(sum(kept)), "written": len(raw_kept),
+              "dropped": len(df) - int(sum(kept)), "dropped_by_reason": dict(sorted(reasons.items())),
+              "invalid_rate": (len(df) - sum(kept)) / max(len(df), 1), "normalize": how,
+              "workers": a.workers, "seconds": round(seconds, 3), "rows_per_s": round(len(df) / max(seconds, 1e-9), 1)}
+    atomic_write_json(out / "audit_report.json", report)
+    return report
+
+
+def _has_black() -> bool:
+    import importlib.util
+    return importlib.util.find_spec("black") is not None
+
+
+def main(argv=None) -> int:
+    p = Parser(prog="audit.py", description="Drop invalid rows of a code corpus in parallel, keeping the raw and "
+               "normalized variants aligned row for row.")
+    p.add_argument("input", metavar="INPUT", help="a CSV, JSONL or Parquet file")
+    p.add_argument("--code-col", default="code", help="the column holding the code (default: code)")
+    p.add_argument("--id-col", help="a unique id column (default: row position)")
+    p.add_argument("--lang", choices=["python"], default="python", help="validity check: ast.parse (default: python)")
+    p.add_argument("--normalize", choices=["black", "ast"], help="normalize each row: black's format_str or an ast round trip")
+    p.add_argument("--normalized", metavar="FILE", help="a normalized variant made elsewhere, matched by id")
+    p.add_argument("--normalized-col", metavar="COL", help="its code column (default: --code-col)")
+    p.add_argument("--workers", type=positive_int, default=os.cpu_count() or 1, help="processes (default: all cores)")
+    p.add_argument("--row-timeout", type=duration, default=5.0, help="seconds one row may take (default: 5)")
+    p.add_argument("--out", default="audit_out", help="output folder (default: audit_out)")
+    p.add_argument("--balance", metavar="LABEL_COL", help="sample --per-class rows of each label")
+    p.add_argument("--per-class", type=positive_int, default=1000, help="rows per class with --balance (default: 1000)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
+    p.add_argument("--allow-smaller", action="store_true", help="keep a class with fewer rows than --per-class")
+    a = p.parse_args(argv)
+    if not Path(a.input).is_file():
+        print(f"audit.py: error: {a.input} is not a file; pass a CSV, JSONL or Parquet file", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        r = audit(a)
+    except UsageError as e:
+        print(f"audit.py: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    by = ", ".join(f"{k} {v}" for k, v in r["dropped_by_reason"].items()) or "none"
+    print(f"rows {r['rows']:,}, kept {r['kept']:,}, dropped {r['dropped']:,} ({r['invalid_rate']:.1%}): {by}")
+    print(f"{r['rows_per_s']:,.0f} rows/s on {r['workers']} workers; wrote {a.out}/raw.kept.*"
+          + (", normalized.kept.*" if r["normalize"] or a.normalized else "") + ", rejected.jsonl, audit_report.json")
+    return EXIT_OK
