@@ -92,7 +92,8 @@ def check_all(tasks: list, workers: int) -> list:
     if workers <= 1:
         return [check_row(t) for t in tasks]
     results, t0, last, done = [None] * len(tasks), time.time(), [-1], 0
-    pending = [list(range(i, min(i + CHUNK, len(tasks)))) for i in range(0, len(tasks), CHUNK)]
+    size = max(8, min(CHUNK, len(tasks) // (workers * 8) or 1))  # small enough to balance the tail
+    pending = [list(range(i, min(i + size, len(tasks)))) for i in range(0, len(tasks), size)]
     while pending:
         lost = []
         with ProcessPoolExecutor(workers) as pool:

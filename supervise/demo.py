@@ -1,6 +1,8 @@
-"""The procedure end to end on the shipped task: launch the HF template in the background, the
-watchdog beside it, check in while it runs, and report the watchdog's verdict.
-``--fault dead|nan|inverted`` injects a real fault and shows the watchdog's exit 7."""
+"""The procedure end to end on the shipped task, each step through the real script: bench, audit
+(a small code corpus cut from this Python's standard library, with broken rows), smoke, the
+one-line background launch of the torch template, the watchdog beside it, check-ins while it
+runs, the PNG, and the watchdog's final line. ``--fault dead|nan|inverted`` injects a real fault
+(SIGKILL, a diverging learning rate, flipped eval labels) and shows the watchdog's exit 7."""
 from __future__ import annotations
 
 import importlib.util
@@ -13,9 +15,12 @@ import time
 from pathlib import Path
 
 from .cli import EXIT_ANOMALY, EXIT_OK, Parser
-from .contract import METRICS, SENTINEL, read_json, tail_lines
+from .checkin import summary
+from .contract import METRICS, SENTINEL, read_json
+from .plot import plot as plot_png
 
 ROOT = Path(__file__).resolve().parents[1]
+TEMPLATE = "train_torch.py"
 QUIET = {"PYTHONUNBUFFERED": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error",
          "TOKENIZERS_PARALLELISM": "false"}
 
@@ -27,7 +32,7 @@ def say(msg: str) -> None:
 def flipped_data(run_dir: Path) -> list[str]:
     """A train CSV and an eval CSV whose labels are flipped: the bug the watchdog must name."""
     import pandas as pd
-    spec = importlib.util.spec_from_file_location("train_hf", ROOT / "templates" / "train_hf.py")
+    spec = importlib.util.spec_from_file_location("train_torch", ROOT / "templates" / TEMPLATE)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     texts, labels = mod.generated_task(4600, 1)
@@ -36,13 +41,28 @@ def flipped_data(run_dir: Path) -> list[str]:
     return ["--data", str(run_dir / "train.csv"), "--eval-data", str(run_dir / "eval.csv"), "--epochs", "3"]
 
 
-def checkin(run_dir: Path) -> str:
-    try:
-        from .checkin import summary
-        return summary(run_dir)
-    except ImportError:
-        last = tail_lines(run_dir / METRICS, 1)
-        return last[-1].decode(errors="replace") if last else "(no metrics yet)"
+def step(title: str, cmd: list[str]) -> int:
+    """Run one step of the procedure through its real script and show what it printed."""
+    say(f"{title}: {' '.join(cmd)}")
+    p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **QUIET})
+    for line in p.stdout.strip().splitlines():
+        print(f"    {line}", flush=True)
+    return p.returncode
+
+
+def code_corpus(path: Path, n: int = 400) -> None:
+    """Top-level functions of a few standard-library modules, plus the rows a scrape holds."""
+    import json
+    import re
+    rows = []
+    for mod in ("json/decoder.py", "json/encoder.py", "textwrap.py", "shlex.py", "fnmatch.py"):
+        text = (Path(os.__file__).parent / mod).read_text()
+        starts = [m.start() for m in re.finditer(r"^(?:@.*\n)*(?:def|class) ", text, re.M)]
+        rows += [text[a:b] for a, b in zip(starts, starts[1:] + [len(text)])]
+    rows = rows[:n] + ['print "python 2"\n', "def truncated(a,\n", "function js() { return 1; }\n", "x = 1\x00\n"]
+    with open(path, "w") as f:
+        for i, code in enumerate(rows):
+            f.write(json.dumps({"id": i, "code": code}) + "\n")
 
 
 def main(argv=None) -> int:
@@ -55,15 +75,27 @@ def main(argv=None) -> int:
     if run_dir.exists():
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
-    extra = {"nan": ["--lr", "1e20", "--warmup-steps", "0"], "inverted": flipped_data(run_dir)}.get(a.fault, [])
-    cmd = [sys.executable, "-u", str(ROOT / "templates" / "train_hf.py"), "--out", str(run_dir), *extra]
-    say("launch: " + " ".join(f"{k}={v}" for k, v in QUIET.items()) + " " + " ".join(cmd[:1] + cmd[1:]) +
-        f" > {run_dir}/train.log 2>&1")
+    py, scripts, template = sys.executable, ROOT / "scripts", str(ROOT / "templates" / TEMPLATE)
+    step("1. bench", [py, str(scripts / "bench.py"), "--config", "tiny", "--seq-len", "32", "--batch", "32",
+                      "--samples", "6000", "--epochs", "2", "--eval-samples", "600", "--window", "10m"])
+    code_corpus(run_dir / "corpus.jsonl")
+    step("2. audit", [py, str(scripts / "audit.py"), str(run_dir / "corpus.jsonl"), "--id-col", "id",
+                      "--normalize", "ast", "--out", str(run_dir / "audited")])
+    smoke_dir = run_dir.parent / (run_dir.name + "-smoke")
+    shutil.rmtree(smoke_dir, ignore_errors=True)
+    if step("3. smoke", [py, str(scripts / "smoke.py"), str(smoke_dir), "--full-samples", "6000", "--epochs", "2",
+                         "--window", "10m", "--", py, "-u", template, "--out", str(smoke_dir), "--smoke"]) != 0:
+        say("smoke failed: stop here, as the procedure says")
+        return EXIT_ANOMALY
+    extra = {"nan": ["--lr", "1e4"], "inverted": flipped_data(run_dir)}.get(a.fault, [])
+    cmd = [py, "-u", template, "--out", str(run_dir), *extra]
+    say(f"4. launch, one line: mkdir -p {run_dir} && PYTHONUNBUFFERED=1 " + " ".join(f"{k}={v}" for k, v in QUIET.items()
+        if k != "PYTHONUNBUFFERED") + " " + " ".join(cmd) + f" > {run_dir}/train.log 2>&1")
     with open(run_dir / "train.log", "wb") as log:
         trainer = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **QUIET})
     wd_cmd = [sys.executable, "-u", str(ROOT / "scripts" / "watchdog.py"), str(run_dir), "--pid", str(trainer.pid),
               "--poll", a.poll]
-    say("watchdog: " + " ".join(wd_cmd))
+    say("6. watchdog: " + " ".join(wd_cmd))
     watchdog = subprocess.Popen(wd_cmd, stdout=subprocess.PIPE, text=True)
     killed = False
     try:
@@ -71,7 +103,7 @@ def main(argv=None) -> int:
             time.sleep(3)
             if watchdog.poll() is not None:
                 break
-            say("check-in:\n" + checkin(run_dir))
+            say("7. check-in:\n" + summary(run_dir))
             metrics = run_dir / METRICS
             if a.fault == "dead" and not killed and metrics.exists() and b"eval_auroc" in metrics.read_bytes():
                 say(f"fault: kill -9 {trainer.pid}")
@@ -84,6 +116,7 @@ def main(argv=None) -> int:
                 proc.kill()
             proc.wait()
     say(f"watchdog exited {watchdog.returncode}: {verdict}")
+    say(f"snapshot: {plot_png(run_dir)}")
     final = read_json(run_dir / SENTINEL)
     if final:
         say(f"final_val_metrics.json: eval_auroc={final.get('eval_auroc'):.4f} eval_acc={final.get('eval_acc'):.4f}")

@@ -39,6 +39,7 @@ class Thresholds:
     chance_margin: float = _th(0.05, "fraction", "median loss within this fraction of ln(num_labels) counts as chance")
     grad_high: float = _th(50.0, "grad norm", "pre-clip grad norm above this for --sustain records: grad_explode")
     grad_low: float = _th(1e-3, "grad norm", "pre-clip grad norm below this for --sustain records: grad_collapse")
+    converged_loss: float = _th(0.01, "loss", "grad_collapse stays quiet while the recent median loss is at or below this (a solved task has tiny gradients)")
     sustain: int = _th(5, "records", "consecutive step records a grad or throughput condition must hold")
     throughput_drop: float = _th(0.25, "fraction", "recent median sps this far below the baseline median: throughput")
     baseline_steps: int = _th(200, "steps", "step records up to this step form the throughput baseline")
@@ -275,6 +276,9 @@ def rule_grad_collapse(w: Window, th: Thresholds) -> Optional[Anomaly]:
     values = _sustained(w, th, lambda v: v < th.grad_low)
     if values is None:
         return None
+    losses = [r["loss"] for r in w.steps[-th.sustain:] if is_finite(r.get("loss"))]
+    if losses and statistics.median(losses) <= th.converged_loss:
+        return None  # converged, not collapsed
     return _msg("grad_collapse", f"grad_norm = {_g(max(values))} < {_g(th.grad_low)} for "
                 f"{len(values)} records", int(w.steps[-1]["step"]),
                 "Gradients vanished: check for frozen parameters, a learning rate decayed to 0, "

@@ -64,6 +64,7 @@ HEALTHY = [
     ("old metrics but a fresh watchdog", win(metrics_mtime=0.0, watch_started=900.0)),
     ("gpu idle inside the grace", win(gpu_util=0.0, gpu_idle_for=301.0, now=300.0)),
     ("no gpu", win(gpu_util=None)),
+    ("tiny grads on a solved task", win(steps=steps(5, grad_norm=1e-4, loss=1e-4))),
 ]
 
 

@@ -1,0 +1,22 @@
+"""The README's main job: the whole procedure on the shipped task, healthy and with real faults."""
+import pytest
+
+from conftest import run_script
+
+pytest.importorskip("torch")
+
+
+@pytest.mark.parametrize("fault,verdict", [
+    (None, "watchdog exited 0: OK done: final_val_metrics.json written"),
+    ("dead", "watchdog exited 7: ANOMALY dead: pid "),
+    ("nan", "watchdog exited 7: ANOMALY fatal: FATAL = 'non-finite"),
+    ("inverted", "watchdog exited 7: ANOMALY inverted_labels: eval_auroc = "),
+])
+def test_demo(fault, verdict, tmp_path):
+    rc, out, err = run_script("demo.py", "--out", tmp_path / "run", *(["--fault", fault] if fault else []),
+                              timeout=600)
+    assert rc == 0, out[-3000:] + err[-2000:]
+    for mark in ("1. bench", "FITS", "2. audit", "kept", "3. smoke", "SMOKE PASSED", "4. launch, one line",
+                 "6. watchdog", verdict, "snapshot: "):
+        assert mark in out, (mark, out[-3000:])
+    assert (tmp_path / "run" / "metrics.png").exists()
