@@ -100,13 +100,13 @@ NEUTRAL = ("the a movie film plot actor scene story it was is and with of to in 
 
 
 def generated_task(n, seed):
-    """Reviews of neutral words around one sentiment word, negated a third of the time ("not
+    """Reviews of neutral words around one sentiment word, negated one time in ten ("not
     good" is negative); label 1 = positive."""
     rng = random.Random(seed)
     texts, labels = [], []
     for _ in range(n):
         label = rng.randint(0, 1)
-        negate = rng.random() < 0.33
+        negate = rng.random() < 0.1
         word = rng.choice(POSITIVE if label != negate else NEGATIVE)
         words = [rng.choice(NEUTRAL) for _ in range(rng.randint(6, 14))]
         words.insert(rng.randrange(len(words) + 1), f"not {word}" if negate else word)

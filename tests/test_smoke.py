@@ -15,23 +15,37 @@ def rows(out):
     return {line[6:22].strip(): line[:4] for line in out.splitlines() if line[:4] in ("PASS", "FAIL", "SKIP")}
 
 
+def smoke_run(d, template):
+    script = shutil.copy(ROOT / "templates" / template, d)
+    return run_script("smoke.py", d / "run", "--full-samples", "1000000", "--epochs", "2", "--window", "8h",
+                      "--", sys.executable, "-u", script, "--out", d / "run", "--smoke", timeout=600)
+
+
 @pytest.fixture(scope="module")
 def torch_smoke(tmp_path_factory):
     d = tmp_path_factory.mktemp("smoke")
-    script = shutil.copy(ROOT / "templates" / "train_torch.py", d)
-    rc, out, err = run_script("smoke.py", d / "run", "--full-samples", "1000000", "--epochs", "2", "--window", "8h",
-                              "--", sys.executable, "-u", script, "--out", d / "run", "--smoke", timeout=600)
+    rc, out, err = smoke_run(d, "train_torch.py")
     return d, rc, out
+
+
+def check_passed(rc, out, reload):
+    assert rc == 0, out
+    r = rows(out)
+    assert set(r.values()) == {"PASS"} and len(r) == 8, out
+    assert reload in out
+    assert out.strip().splitlines()[-1].startswith("SMOKE PASSED")
+    assert "h <= window 8.00 h" in out
 
 
 def test_smoke_passes_on_the_torch_template(torch_smoke):
     d, rc, out = torch_smoke
-    assert rc == 0, out
-    r = rows(out)
-    assert set(r.values()) == {"PASS"} and len(r) == 8, out
-    assert "reloads with load_state_dict(strict=True)" in out
-    assert out.strip().splitlines()[-1].startswith("SMOKE PASSED")
-    assert "h <= window 8.00 h" in out
+    check_passed(rc, out, "reloads with load_state_dict(strict=True)")
+
+
+def test_smoke_passes_on_the_hf_template(tmp_path):
+    pytest.importorskip("transformers")
+    rc, out, _ = smoke_run(tmp_path, "train_hf.py")
+    check_passed(rc, out, "reloads (from_pretrained) and a forward pass gives (1, 2) finite logits")
 
 
 def test_an_existing_run_is_checked_without_a_command(torch_smoke):

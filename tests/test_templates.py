@@ -56,7 +56,7 @@ def test_full_run_keeps_the_contract(full_run):
     assert recs[0]["event"] == "start" and recs[0]["world_size"] == 1 and recs[0]["num_labels"] == 2
     steps = [r for r in recs if "loss" in r]
     assert len(steps) >= 30 and all(r["grad_norm"] > 0 and r["sps"] > 0 for r in steps)
-    assert steps[-1]["loss"] < 0.2  # far below chance (0.69)
+    assert steps[-1]["loss"] < 0.35  # far below chance (0.69)
     final = read_json(run / "final_val_metrics.json")
     assert final["eval_auroc"] > 0.9
     assert 1 <= len(list((run / "checkpoints").iterdir())) <= 2
