@@ -4,7 +4,6 @@ by-hand reads it replaces (tail -n 50 of both files, and an nvidia-smi-style que
     python benchmarks/checkin.py [--lines 2000000] [--log-mb 100]
 """
 import argparse
-import os
 import shutil
 import subprocess
 import sys

@@ -13,15 +13,11 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
-from .cli import EXIT_OK, EXIT_USAGE, Parser, duration, positive_int
+from .cli import EXIT_OK, EXIT_USAGE, Parser, UsageError, duration, positive_int
 from .contract import atomic_write_json
 
 MAX_ROW = 1 << 20  # bytes; a bigger row is a reason, not a crash
 CHUNK = 256
-
-
-class UsageError(Exception):
-    pass
 
 
 def _alarm(signum, frame):

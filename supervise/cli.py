@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import sys
 
 EXIT_OK, EXIT_USAGE, EXIT_ANOMALY = 0, 2, 7
 
@@ -76,6 +75,3 @@ def run_dir_arg(text: str) -> str:
     return text
 
 
-def fail(prog: str, message: str) -> int:
-    print(f"{prog}: error: {message}", file=sys.stderr)
-    return EXIT_USAGE

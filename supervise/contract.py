@@ -284,6 +284,21 @@ class TailReader:
         self.last_bad = raw[:120].decode("utf-8", "replace")
 
 
+def read_run(path: str | os.PathLike) -> tuple[dict, list, list]:
+    """(start record or {}, step records, eval records) of a whole metrics file, streamed.
+    For tools that need the full history (smoke, plot); the hot paths read tails instead."""
+    start, steps, evals = {}, [], []
+    for rec in TailReader(str(path)).records():
+        k = kind_of(rec)
+        if k == "step":
+            steps.append(rec)
+        elif k == "eval":
+            evals.append(rec)
+        elif k == "start":
+            start = rec
+    return start, steps, evals
+
+
 def tail_lines(path: str | os.PathLike, n: int, max_bytes: int = 1 << 20) -> list[bytes]:
     """The last ``n`` complete lines of a file, reading at most ``max_bytes`` from its end."""
     try:

@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 from .cli import EXIT_OK, EXIT_USAGE, Parser
-from .contract import METRICS, WATCHDOG_STATE, TailReader, is_finite, kind_of, read_json
+from .contract import METRICS, WATCHDOG_STATE, is_finite, read_json, read_run
 from .rules import Thresholds
 
 MAX_POINTS = 4000
@@ -26,15 +26,7 @@ def plot(run_dir) -> str:
     except ImportError:
         return "no plot: matplotlib is not installed (pip install 'supervising-training-runs[plot]' or pip install matplotlib)"
     run_dir = Path(run_dir)
-    steps, evals, start = [], [], {}
-    for rec in TailReader(str(run_dir / METRICS)).records():
-        k = kind_of(rec)
-        if k == "step":
-            steps.append(rec)
-        elif k == "eval":
-            evals.append(rec)
-        elif k == "start":
-            start = rec
+    start, steps, evals = read_run(run_dir / METRICS)
     if not steps and not evals:
         return f"no plot: {run_dir / METRICS} holds no step or eval record yet"
     stride = max(1, len(steps) // MAX_POINTS)

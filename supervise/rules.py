@@ -326,14 +326,12 @@ def rule_timeout(w: Window, th: Thresholds) -> Optional[Anomaly]:
 
 
 RULES = {kind: globals()[f"rule_{kind}"] for kind in KINDS}
-# Kinds decided by the records alone: checked on the window ending at each new record, so the
-# step they report is the first step where they held, whatever the poll interval.
-RECORD_KINDS = ("stuck_auroc", "chance_loss", "grad_explode", "grad_collapse", "throughput")
 
 
 def evaluate(w: Window, th: Thresholds, latched: Optional[dict] = None) -> Optional[Anomaly]:
-    """The most specific anomaly that holds, or None. ``latched`` holds record-kind findings
-    made record by record (see ``RECORD_KINDS``): they carry the first step that held."""
+    """The most specific anomaly that holds, or None. ``latched`` holds the findings of the
+    record kinds (stuck_auroc, chance_loss, grad_*, throughput) made on the window ending at each
+    new record, so they carry the first step that held whatever the poll interval."""
     for kind in KINDS:
         found = (latched or {}).get(kind) or RULES[kind](w, th)
         if found is not None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
-import re
 import shlex
 import statistics
 import subprocess
@@ -18,7 +17,7 @@ from pathlib import Path
 from typing import Optional
 
 from .cli import EXIT_ANOMALY, EXIT_OK, EXIT_USAGE, Parser, duration, positive_float, positive_int
-from .contract import METRICS, SENTINEL, TailReader, is_finite, kind_of, validate_file
+from .contract import METRICS, SENTINEL, is_finite, read_run, validate_file
 from .guard import QUIET, V4_ARGS
 
 
@@ -34,16 +33,7 @@ class Row:
 
 
 def _records(run_dir: Path):
-    steps, evals, start = [], [], {}
-    for rec in TailReader(str(run_dir / METRICS)).records():
-        k = kind_of(rec)
-        if k == "step":
-            steps.append(rec)
-        elif k == "eval":
-            evals.append(rec)
-        elif k == "start":
-            start = rec
-    return start, steps, evals
+    return read_run(run_dir / METRICS)
 
 
 def check_contract(run_dir: Path) -> Row:

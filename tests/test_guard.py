@@ -25,7 +25,7 @@ TABLE = [
     ("mkdir -p a\ncd a\nls", FG, None, ""),  # foreground multi-line is fine
     ("for i in 1 2; do\n echo $i\ndone", FG, None, ""),
     # unbuffered
-    (f"{Q} python train.py --out runs/a", BG, "unbuffered", f"python -u train.py"),
+    (f"{Q} python train.py --out runs/a", BG, "unbuffered", "python -u train.py"),
     (f"{Q} python3 train.py", BG, "unbuffered", "python3 -u train.py"),
     (f"{Q} python3.11 -m mypkg.train", BG, "unbuffered", "python3.11 -u -m mypkg.train"),
     (f"{Q} torchrun --nproc_per_node 2 train.py", BG, "unbuffered", "PYTHONUNBUFFERED=1"),
