@@ -15,7 +15,7 @@ from .contract import LOG, METRICS, SENTINEL, WATCHDOG_STATE, is_finite, is_numb
     read_json, tail_lines
 from .logs import log_tail
 from .probes import Nvml, disk_free, process
-from .rules import OOM_MARKERS, Thresholds, last_error
+from .rules import Thresholds, last_error, oom_line
 
 LIMIT = 1500
 TAIL_BYTES = 256 << 10
@@ -95,15 +95,13 @@ def gather(run_dir: Path, k: int = 5, now: Optional[float] = None, gpu=None) -> 
     wd = read_json(run_dir / WATCHDOG_STATE)
     wd = wd if isinstance(wd, dict) else None
     final = read_json(run_dir / SENTINEL)
-    th = Thresholds(**{k2: v for k2, v in ((wd or {}).get("thresholds") or {}).items()
-                       if k2 in Thresholds.__dataclass_fields__})
+    th = Thresholds.from_dict((wd or {}).get("thresholds"))
 
     pid = (start or {}).get("pid")
     proc = process(int(pid), cpu_interval=0.05) if is_number(pid) and pid > 0 else None
     wd_proc = process(int(wd["watchdog_pid"])) if wd and is_number(wd.get("watchdog_pid")) else None
     log = log_tail(run_dir / LOG, 120) if (run_dir / LOG).exists() else []
-    err = next((ln.strip() for ln in reversed(log) if any(m in ln.lower() for m in OOM_MARKERS)), None) \
-        or last_error(log)
+    err = oom_line(log) or last_error(log)
 
     last = steps[-1] if steps else None
     age = now - mtime if mtime is not None else None

@@ -17,12 +17,12 @@ from pathlib import Path
 from .cli import EXIT_ANOMALY, EXIT_OK, Parser
 from .checkin import summary
 from .contract import METRICS, SENTINEL, read_json
+from .guard import QUIET as GUARD_QUIET
 from .plot import plot as plot_png
 
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE = "train_torch.py"
-QUIET = {"PYTHONUNBUFFERED": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error",
-         "TOKENIZERS_PARALLELISM": "false"}
+QUIET = {"PYTHONUNBUFFERED": "1", **GUARD_QUIET}  # what the launch hooks ask of a training launch
 
 
 def say(msg: str) -> None:

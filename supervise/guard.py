@@ -165,20 +165,26 @@ def one_line(command: str) -> Optional[str]:
 
 
 def fix_env(call: Call, command: str) -> str:
-    """Add -u and the missing quiet variables to each training launch in ``command``."""
+    """Add -u and the missing quiet variables to each training launch in ``command``, each
+    launch's own word in turn (searching on from the last one, so two launches of ``python``
+    are each fixed once and the bundle's own scripts are passed over)."""
     sub = Call(call.tool, command, call.background, call.cwd, call.env)
-    out = command
+    out, pos = command, 0
     for launch in _launches(sub):
-        if _own(launch):
+        head = shlex.quote(launch["argv"][0])
+        m = re.compile(r"(?<![\w/.=-])" + re.escape(head) + r"(?![\w.])").search(out, pos)
+        if m is None:
             continue
-        argv = launch["argv"]
-        head = " ".join(shlex.quote(w) for w in argv[:1])
-        prefix = " ".join(f"{k}={v}" for k, v in {**({"PYTHONUNBUFFERED": "1"} if _buffered(sub, launch) else {}),
+        if _own(launch):
+            pos = m.end()
+            continue
+        buffered = _buffered(sub, launch)
+        prefix = " ".join(f"{k}={v}" for k, v in {**({"PYTHONUNBUFFERED": "1"} if buffered else {}),
                                                      **{k: QUIET[k] for k in _missing(sub, launch)}}.items())
-        new_head = head + (" -u" if launch["kind"] == "python" and _buffered(sub, launch) else "")
-        if prefix:
-            new_head = prefix + " " + new_head
-        out = re.sub(r"(?<![\w/.=-])" + re.escape(head) + r"(?![\w.])", new_head.replace("\\", r"\\"), out, count=1)
+        new_head = head + (" -u" if launch["kind"] == "python" and buffered else "")
+        new_head = f"{prefix} {new_head}" if prefix else new_head
+        out = out[:m.start()] + new_head + out[m.end():]
+        pos = m.start() + len(new_head)
     return out
 
 

@@ -32,7 +32,7 @@ def plot(run_dir) -> str:
     stride = max(1, len(steps) // MAX_POINTS)
     steps = steps[::stride]
     wd = read_json(run_dir / WATCHDOG_STATE) or {}
-    th = Thresholds(**{k: v for k, v in (wd.get("thresholds") or {}).items() if k in Thresholds.__dataclass_fields__})
+    th = Thresholds.from_dict(wd.get("thresholds"))
     n_labels = start.get("num_labels") or th.num_labels
 
     fig, ax = plt.subplots(4, 1, figsize=(7.2, 10.8), dpi=150, sharex=True)

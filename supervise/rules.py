@@ -47,6 +47,11 @@ class Thresholds:
     gpu_idle_util: float = _th(5.0, "%", "GPU utilization under this counts as idle")
 
     @classmethod
+    def from_dict(cls, d) -> "Thresholds":
+        """Thresholds saved in a watchdog.json; unknown keys ignored, missing ones default."""
+        return cls(**{k: v for k, v in (d or {}).items() if k in cls.__dataclass_fields__})
+
+    @classmethod
     def describe(cls):
         """(name, default, unit, help, is_duration) for every threshold, in order."""
         for f in fields(cls):
@@ -145,15 +150,18 @@ OOM_MARKERS = ("out of memory", "outofmemoryerror", "memoryerror", "std::bad_all
                "can't allocate memory", "cannot allocate memory", "oom-kill", "cublas_status_alloc_failed")
 
 
+def oom_line(lines) -> Optional[str]:
+    """The last line of ``lines`` that names an out-of-memory error, or None."""
+    return next((ln.strip() for ln in reversed(lines) if any(m in ln.lower() for m in OOM_MARKERS)), None)
+
+
 def rule_oom(w: Window, th: Thresholds) -> Optional[Anomaly]:
-    if not _died(w):
+    line = oom_line(w.log_tail) if _died(w) else None
+    if line is None:
         return None
-    for line in reversed(w.log_tail):
-        if any(m in line.lower() for m in OOM_MARKERS):
-            return _msg("oom", f"log line = {line.strip()[:160]!r} after the process died", w.last_step,
-                        "Out of memory: halve the per-device batch size (keep the effective batch with "
-                        "gradient accumulation) or shorten the sequence length, then relaunch")
-    return None
+    return _msg("oom", f"log line = {line[:160]!r} after the process died", w.last_step,
+                "Out of memory: halve the per-device batch size (keep the effective batch with "
+                "gradient accumulation) or shorten the sequence length, then relaunch")
 
 
 def last_error(lines) -> Optional[str]:

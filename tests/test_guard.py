@@ -132,6 +132,17 @@ def test_corrected_command_passes_every_rule(tmp_path):
     assert decide(Call("Bash", fix, True, cwd=str(tmp_path))) is None
 
 
+@pytest.mark.parametrize("bad,fix", [
+    ("python a.py && python b.py", f"PYTHONUNBUFFERED=1 {Q} python -u a.py && PYTHONUNBUFFERED=1 {Q} python -u b.py"),
+    ("python -u scripts/watchdog.py runs/a && python b.py",
+     f"python -u scripts/watchdog.py runs/a && PYTHONUNBUFFERED=1 {Q} python -u b.py"),
+])
+def test_each_launch_is_fixed_once(bad, fix):
+    reason = decide(Call("Bash", bad, True))
+    assert reason.split(" Run instead: ")[1] == fix
+    assert decide(Call("Bash", fix, True)) is None
+
+
 def test_hook_environment_counts():
     env = {"PYTHONUNBUFFERED": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error",
            "TOKENIZERS_PARALLELISM": "false"}
