@@ -15,9 +15,10 @@ from typing import Callable, Optional
 from .contract import is_finite
 
 # Every kind, most specific first: when several hold in one poll the first one is reported.
-KINDS = ("nan", "fatal", "oom", "crash", "dead", "stall", "no_telemetry", "inverted_labels",
-         "stuck_auroc", "chance_loss", "grad_explode", "grad_collapse", "throughput",
-         "gpu_idle", "timeout")
+KINDS = ("blind", "nan", "fatal", "oom", "crash", "node_fail", "preempted", "dead", "rank_hang",
+         "stall", "no_telemetry", "no_progress", "diverged", "loss_spike", "inverted_labels",
+         "stuck_auroc", "chance_loss", "grad_explode", "grad_collapse", "overfit", "throughput",
+         "straggler", "gpu_idle", "timeout")
 
 
 def _th(default, unit: str, doc: str, duration: bool = False):
@@ -99,8 +100,13 @@ class Anomaly:
     message: str
 
 
-def _msg(kind: str, what: str, step: int, fix: str) -> Anomaly:
+def anomaly(kind: str, what: str, step: int, fix: str) -> Anomaly:
+    """The one message shape: ``ANOMALY <kind>: <what> at step N. <fix>.``"""
+    assert kind in KINDS, kind
     return Anomaly(kind, step, f"ANOMALY {kind}: {what} at step {step}. {fix.rstrip('.')}.")
+
+
+_msg = anomaly
 
 
 def _g(x) -> str:
@@ -333,7 +339,7 @@ def rule_timeout(w: Window, th: Thresholds) -> Optional[Anomaly]:
                 "before relaunching a shorter run")
 
 
-RULES = {kind: globals()[f"rule_{kind}"] for kind in KINDS}
+RULES = {kind: globals()[f"rule_{kind}"] for kind in KINDS if f"rule_{kind}" in globals()}
 
 
 def evaluate(w: Window, th: Thresholds, latched: Optional[dict] = None) -> Optional[Anomaly]:
@@ -341,7 +347,8 @@ def evaluate(w: Window, th: Thresholds, latched: Optional[dict] = None) -> Optio
     record kinds (stuck_auroc, chance_loss, grad_*, throughput) made on the window ending at each
     new record, so they carry the first step that held whatever the poll interval."""
     for kind in KINDS:
-        found = (latched or {}).get(kind) or RULES[kind](w, th)
+        rule = RULES.get(kind)
+        found = (latched or {}).get(kind) or (rule(w, th) if rule else None)
         if found is not None:
             return found
     return None
