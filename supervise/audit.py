@@ -13,11 +13,14 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
-from .cli import EXIT_OK, EXIT_USAGE, Parser, UsageError, duration, positive_int
+from .cli import EXIT_OK, EXIT_USAGE, Parser, UsageError, bounded_int, duration, positive_int
 from .contract import atomic_write_json
 
 MAX_ROW = 1 << 20  # bytes; a bigger row is a reason, not a crash
 CHUNK = 256
+MAX_WORKERS = max(8, 4 * (os.cpu_count() or 1))
+RESULTS = {f"{v}.kept.{ext}" for v in ("raw", "normalized") for ext in ("csv", "jsonl", "parquet")} | {
+    "rejected.jsonl", "audit_report.json"}  # the names of one run's result set in --out
 
 
 def _alarm(signum, frame):
@@ -171,9 +174,9 @@ def audit(a) -> dict:
     df, fmt = read_table(src)
     if a.code_col not in df.columns:
         raise UsageError(f"no column {a.code_col!r} in {src.name}; columns are {list(df.columns)} (use --code-col)")
-    ids = df[a.id_col] if a.id_col else df.index.to_series()
     if a.id_col and a.id_col not in df.columns:
         raise UsageError(f"no column {a.id_col!r} in {src.name}; columns are {list(df.columns)} (use --id-col)")
+    ids = df[a.id_col] if a.id_col else df.index.to_series()
     if ids.duplicated().any():
         raise UsageError(f"ids are not unique in {src.name}: {ids[ids.duplicated()].iloc[0]!r} repeats")
     variants = None
@@ -196,33 +199,70 @@ def audit(a) -> dict:
     results = check_all(tasks, a.workers)
     seconds = time.time() - t0
     kept = [ok for ok, *_ in results]
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
     raw_kept = df[kept]
     ext = {"csv": "csv", "jsonl": "jsonl", "parquet": "parquet"}[fmt]
     if a.balance:
         raw_kept = balance(raw_kept, a.balance, a.per_class, a.seed, a.allow_smaller)
-    write_table(raw_kept, out / f"raw.kept.{ext}", fmt)
-    if how or variants is not None:
-        norm = raw_kept.copy()
-        by_pos = {i: r[2] for i, r in zip(df.index, results)}
-        norm[a.code_col] = [by_pos[i] for i in raw_kept.index]
-        write_table(norm, out / f"normalized.kept.{ext}", fmt)
-    reasons: dict = {}
-    tmp = out / ".rejected.jsonl.tmp"
-    with open(tmp, "w") as f:
-        for i, (ok, reason, _, err) in zip(ids, results):
-            if not ok:
-                reasons[reason] = reasons.get(reason, 0) + 1
-                f.write(json.dumps({"id": i if isinstance(i, (int, str)) else str(i), "reason": reason,
-                                    "error": err}, default=str) + "\n")
-    os.replace(tmp, out / "rejected.jsonl")
-    report = {"input": str(src), "rows": len(df), "kept": int(sum(kept)), "written": len(raw_kept),
-              "dropped": len(df) - int(sum(kept)), "dropped_by_reason": dict(sorted(reasons.items())),
-              "invalid_rate": (len(df) - sum(kept)) / max(len(df), 1), "normalize": how,
-              "workers": a.workers, "seconds": round(seconds, 3), "rows_per_s": round(len(df) / max(seconds, 1e-9), 1)}
-    atomic_write_json(out / "audit_report.json", report)
+    out = Path(a.out)
+    stage = _stage(out)
+    try:  # the whole result set into a staging folder, then swapped in
+        write_table(raw_kept, stage / f"raw.kept.{ext}", fmt)
+        if how or variants is not None:
+            norm = raw_kept.copy()
+            by_pos = {i: r[2] for i, r in zip(df.index, results)}
+            norm[a.code_col] = [by_pos[i] for i in raw_kept.index]
+            write_table(norm, stage / f"normalized.kept.{ext}", fmt)
+        reasons: dict = {}
+        tmp = stage / ".rejected.jsonl.tmp"
+        with open(tmp, "w") as f:
+            for i, (ok, reason, _, err) in zip(ids, results):
+                if not ok:
+                    reasons[reason] = reasons.get(reason, 0) + 1
+                    f.write(json.dumps({"id": i if isinstance(i, (int, str)) else str(i), "reason": reason,
+                                        "error": err}, default=str) + "\n")
+        os.replace(tmp, stage / "rejected.jsonl")
+        report = {"input": str(src), "rows": len(df), "kept": int(sum(kept)), "written": len(raw_kept),
+                  "dropped": len(df) - int(sum(kept)), "dropped_by_reason": dict(sorted(reasons.items())),
+                  "invalid_rate": (len(df) - sum(kept)) / max(len(df), 1), "normalize": how,
+                  "workers": a.workers, "seconds": round(seconds, 3), "rows_per_s": round(len(df) / max(seconds, 1e-9), 1)}
+        atomic_write_json(stage / "audit_report.json", report)
+    except BaseException:
+        import shutil
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    _swap_in(stage, out)
     return report
+
+
+def _is_result(name: str) -> bool:
+    return name in RESULTS
+
+
+def _stage(out: Path) -> Path:
+    """A fresh hidden folder inside ``out`` where the whole result set is written first."""
+    import tempfile
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=".audit-", dir=out))
+    except OSError as e:
+        raise UsageError(f"cannot write into --out {out}: {e.strerror}; pass a writable folder")
+
+
+def _swap_in(stage: Path, out: Path) -> None:
+    """Replace the earlier result set in ``out`` by the staged one, never a mix of two runs: the
+    earlier report goes first (a set without a report is incomplete), then every earlier result
+    file, then the new files, the report last. Other files in ``out`` are left alone."""
+    import shutil
+    try:
+        (out / "audit_report.json").unlink(missing_ok=True)
+        for name in os.listdir(out):
+            if _is_result(name) and (out / name).is_file():
+                (out / name).unlink()
+        new = sorted(os.listdir(stage), key=lambda n: n == "audit_report.json")
+        for name in new:
+            os.replace(stage / name, out / name)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
 
 
 def _has_black() -> bool:
@@ -240,21 +280,38 @@ def main(argv=None) -> int:
     p.add_argument("--normalize", choices=["black", "ast"], help="normalize each row: black's format_str or an ast round trip")
     p.add_argument("--normalized", metavar="FILE", help="a normalized variant made elsewhere, matched by id")
     p.add_argument("--normalized-col", metavar="COL", help="its code column (default: --code-col)")
-    p.add_argument("--workers", type=positive_int, default=os.cpu_count() or 1, help="processes (default: all cores)")
+    p.add_argument("--workers", type=bounded_int(1, MAX_WORKERS), default=os.cpu_count() or 1,
+                   help=f"processes, at most {MAX_WORKERS} here (default: all cores)")
     p.add_argument("--row-timeout", type=duration, default=5.0, help="seconds one row may take (default: 5)")
     p.add_argument("--out", default="audit_out", help="output folder (default: audit_out)")
     p.add_argument("--balance", metavar="LABEL_COL", help="sample --per-class rows of each label")
     p.add_argument("--per-class", type=positive_int, default=1000, help="rows per class with --balance (default: 1000)")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
+    p.add_argument("--seed", type=bounded_int(0, 2**32 - 1), default=0, help="sampling seed, 0 to 2**32-1 (default: 0)")
     p.add_argument("--allow-smaller", action="store_true", help="keep a class with fewer rows than --per-class")
     a = p.parse_args(argv)
     if not Path(a.input).is_file():
         print(f"audit.py: error: {a.input} is not a file; pass a CSV, JSONL or Parquet file", file=sys.stderr)
         return EXIT_USAGE
+    out = Path(a.out)
+    if not a.out.strip():
+        print("audit.py: error: --out is empty; pass the folder for the results, e.g. audit_out", file=sys.stderr)
+        return EXIT_USAGE
+    if out.exists() and not out.is_dir():
+        print(f"audit.py: error: --out {out} is a file; pass a folder for the results", file=sys.stderr)
+        return EXIT_USAGE
+    for given in filter(None, (a.input, a.normalized)):
+        if Path(given).resolve().parent == out.resolve() and _is_result(Path(given).name):
+            print(f"audit.py: error: {given} is an earlier result in --out {out}, which this run replaces; "
+                  "pass another --out", file=sys.stderr)
+            return EXIT_USAGE
     try:
         r = audit(a)
     except UsageError as e:
         print(f"audit.py: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as e:
+        print(f"audit.py: error: cannot write the results into {a.out}: {e.strerror or e}; pass a writable folder "
+              "with free space", file=sys.stderr)
         return EXIT_USAGE
     by = ", ".join(f"{k} {v}" for k, v in r["dropped_by_reason"].items()) or "none"
     print(f"rows {r['rows']:,}, kept {r['kept']:,}, dropped {r['dropped']:,} ({r['invalid_rate']:.1%}): {by}")

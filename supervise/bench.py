@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import statistics
 import subprocess
@@ -14,7 +15,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from .cli import EXIT_ANOMALY, EXIT_OK, EXIT_USAGE, Parser, count, duration, positive_float, positive_int
+from .cli import EXIT_ANOMALY, EXIT_OK, EXIT_USAGE, Parser, UsageError, count, duration, positive_float, \
+    positive_int
 from .contract import METRICS, TailReader, is_finite, kind_of
 from .guard import QUIET
 
@@ -100,9 +102,32 @@ def time_eval(model, vocab: int, batch: int, seq_len: int, precision: str, devic
     return batch / statistics.median(times[1:])
 
 
+DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:\d{1,3}|mps)$")
+
+
+def resolve_device(name: str):
+    """'auto' -> cuda when present, else cpu; a device that is not here is a UsageError."""
+    import torch
+    if not DEVICE.match(name):
+        raise UsageError(f"--device {name[:40]!r} is not a device; use auto, cpu, cuda, cuda:N or mps")
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n == 0:
+            raise UsageError(f"--device {name}: no CUDA GPU is visible here (torch {torch.__version__}, "
+                             f"CUDA build {torch.version.cuda or 'none'}); use --device cpu or run on the GPU machine")
+        if device.index is not None and device.index >= n:
+            raise UsageError(f"--device {name}: only {n} CUDA device(s) here (cuda:0 to cuda:{n - 1})")
+    if device.type == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
+        raise UsageError(f"--device {name}: MPS is not available here; use --device cpu")
+    return device
+
+
 def measure_model(a) -> Measure:
     import torch
-    device = torch.device(a.device if a.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = resolve_device(a.device)
     model, vocab = build_model(a.model, a.num_labels, a.seq_len)
     batch, ooms = a.batch, []
     while True:
@@ -137,12 +162,13 @@ def measure_command(a) -> Measure:
         p = subprocess.run(shlex.split(a.cmd), stdout=log, stderr=subprocess.STDOUT,
                            env={**os.environ, "PYTHONUNBUFFERED": "1", **QUIET})
     steps = [r for r in TailReader(str(run / METRICS)).records() if kind_of(r) == "step"]
-    sps = [r["sps"] for r in steps[1:] or steps if is_finite(r.get("sps"))]  # the first holds the warm-up
+    sps = [r["sps"] for r in steps[1:] or steps if is_finite(r.get("sps")) and r["sps"] > 0]  # [0]: warm-up
     if not sps:
-        raise ValueError(f"the command (exit {p.returncode}) wrote no step record with sps to {run / METRICS}; "
+        raise ValueError(f"the command (exit {p.returncode}) wrote no step record with a positive sps to {run / METRICS}; "
                          f"see {run / 'bench.log'}")
     start = next((r for r in TailReader(str(run / METRICS)).records() if kind_of(r) == "start"), {})
-    return Measure(statistics.median(sps), (min(sps), max(sps)), start.get("batch_size") or 0, None, "command")
+    batch = start.get("batch_size")
+    return Measure(statistics.median(sps), (min(sps), max(sps)), int(batch) if is_finite(batch) else 0, None, "command")
 
 
 def project(m: Measure, samples: int, epochs: float, eval_samples: int, window: Optional[float],
@@ -215,8 +241,12 @@ def main(argv=None) -> int:
         print(f"bench.py: error: model mode needs torch and transformers ({e.name} missing): pip install "
               "'supervising-training-runs[hf]' and a torch build for your GPU", file=sys.stderr)
         return EXIT_USAGE
-    except (ValueError, OSError) as e:
-        print(f"bench.py: error: {str(e).splitlines()[0]}", file=sys.stderr)
+    except (UsageError, ValueError, OSError) as e:
+        print(f"bench.py: error: {(str(e).splitlines() or [type(e).__name__])[0]}", file=sys.stderr)
+        return EXIT_USAGE
+    except (RuntimeError, MemoryError) as e:  # e.g. a shape that cannot be allocated on this device
+        print(f"bench.py: error: the bench step failed: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}; "
+              "try a smaller --batch or --seq-len", file=sys.stderr)
         return EXIT_USAGE
     proj = project(m, a.samples, a.epochs, a.eval_samples, a.window, a.preprocess_rate)
     if a.json:

@@ -12,10 +12,11 @@ from typing import Optional
 from . import registry
 from .cli import EXIT_OK, EXIT_USAGE, Parser, count
 from .contract import LOG, METRICS, SENTINEL, WATCHDOG_STATE, is_finite, is_number, kind_of, parse_line, \
-    read_json, tail_lines
-from .logs import log_tail
+    read_json, sanitize, tail_lines
+from .logs import last_error, log_tail, oom_line
 from .probes import Nvml, disk_free, process
-from .rules import Thresholds, last_error, oom_line
+from .rules import Thresholds
+from .watch import WatchState, assess
 
 LIMIT = 1500
 TAIL_BYTES = 256 << 10
@@ -41,23 +42,19 @@ def find_run(cwd: Path, depth: int = 4) -> Optional[Path]:
 
 
 def _records(path: Path, max_bytes: int = TAIL_BYTES) -> list:
+    """The sanitized records of the current run found in the tail of the metrics file."""
     out = []
     for raw in tail_lines(path, 100000, max_bytes):
         try:
-            out.append(parse_line(raw))
+            rec = sanitize(parse_line(raw))
         except ValueError:
             continue
+        if rec is None:
+            continue
+        if kind_of(rec) == "start":
+            out = []
+        out.append(rec)
     return out
-
-
-def _start_record(path: Path) -> Optional[dict]:
-    try:
-        with open(path, "rb") as f:
-            first = f.readline(4096)
-        rec = parse_line(first)
-        return rec if kind_of(rec) == "start" else None
-    except (OSError, ValueError):
-        return None
 
 
 def _age(seconds: Optional[float]) -> str:
@@ -79,6 +76,24 @@ def _g(v, digits=4) -> str:
     return str(v)
 
 
+def _verdict(w, wd: Optional[WatchState]) -> tuple:
+    """(headline, anomaly message) from the engine's one poll, or from a watchdog of the same
+    run that already found an anomaly (it saw every record; a tail may not hold them all)."""
+    same_run = wd is not None and wd.run_id == w.start.get("run_id")
+    if same_run and wd.state == "anomaly" and wd.kind:
+        return f"ANOMALY {wd.kind}", wd.message
+    v = w.verdict
+    if v.state == "done":
+        return "DONE", None
+    if v.state == "anomaly":
+        return f"ANOMALY {v.anomaly.kind}", v.line
+    if not w.run.n_steps and not any(p.alive for p in w.last_procs):
+        return "NOT STARTED", None
+    if not w.run.n_steps:
+        return "STARTING", None
+    return "RUNNING healthy", None
+
+
 def gather(run_dir: Path, k: int = 5, now: Optional[float] = None, gpu=None) -> dict:
     """Every fact of the check-in as a dict (``--json`` prints it)."""
     now = now or time.time()
@@ -87,64 +102,51 @@ def gather(run_dir: Path, k: int = 5, now: Optional[float] = None, gpu=None) -> 
         mtime = metrics.stat().st_mtime
     except OSError:
         mtime = None
+    wd = WatchState.from_json(read_json(run_dir / WATCHDOG_STATE))
+    th = Thresholds.from_dict(wd.thresholds if wd else None)
+    w = assess(run_dir, th, gpu=gpu)
+    verdict, message = _verdict(w, wd)
     recs = _records(metrics) if mtime is not None else []
-    start = _start_record(metrics) or next((r for r in recs if kind_of(r) == "start"), None)
+    start = w.start or None
     steps = [r for r in recs if kind_of(r) == "step"]
     evals = [r for r in recs if kind_of(r) == "eval"]
-    fatal = next((r for r in reversed(recs) if kind_of(r) == "fatal"), None)
-    wd = read_json(run_dir / WATCHDOG_STATE)
-    wd = wd if isinstance(wd, dict) else None
-    final = read_json(run_dir / SENTINEL)
-    th = Thresholds.from_dict((wd or {}).get("thresholds"))
-
-    pid = (start or {}).get("pid")
-    proc = process(int(pid), cpu_interval=0.05) if is_number(pid) and pid > 0 else None
-    wd_proc = process(int(wd["watchdog_pid"])) if wd and is_number(wd.get("watchdog_pid")) else None
-    log = log_tail(run_dir / LOG, 120) if (run_dir / LOG).exists() else []
+    fatal = w.run.fatal
+    final = read_json(run_dir / SENTINEL) if verdict == "DONE" else None
+    procs = w.last_procs
+    proc = next((p for p in procs if p.alive), procs[0] if procs else None)
+    if proc is not None and proc.alive:
+        proc = process(proc.pid, cpu_interval=0.05)
+    wd_proc = process(wd.watchdog_pid) if wd and wd.watchdog_pid else None
+    log = log_tail(run_dir / LOG, 120)
     err = oom_line(log) or last_error(log)
 
     last = steps[-1] if steps else None
     age = now - mtime if mtime is not None else None
-    if final is not None:
-        verdict = "DONE"
-    elif wd and wd.get("state") == "anomaly":
-        verdict = f"ANOMALY {wd.get('kind')}"
-    elif fatal is not None:
-        verdict = "ANOMALY fatal"
-    elif proc is not None and not proc.alive:
-        verdict = "DEAD"
-    elif proc is not None and proc.state == "stopped":
-        verdict = "STALLED"
-    elif last is None:
-        verdict = "NOT STARTED"
-    elif age is not None and age > th.max_stall:
-        verdict = "STALLED"
-    else:
-        verdict = "RUNNING healthy"
-
     total = (start or {}).get("total_steps")
-    step = max([r.get("step", 0) for r in steps + evals + [fatal or {}] if is_number(r.get("step"))] or [0])
+    step = w.run.last_step
     per_step = ((start or {}).get("batch_size") or 0) * ((start or {}).get("world_size") or 1)
     recent_sps = [r["sps"] for r in steps[-k:] if is_finite(r.get("sps"))]
     eta = None
-    if verdict == "RUNNING healthy" and is_number(total) and total > step and recent_sps and per_step:
+    if verdict == "RUNNING healthy" and total and total > step and recent_sps and per_step:
         eta = (total - step) / (sorted(recent_sps)[len(recent_sps) // 2] / per_step)
     finite_evals = [e for e in evals if is_finite(e.get("eval_auroc"))]
     return {
         "run_dir": str(run_dir), "verdict": verdict, "metrics_age_s": age,
-        "watchdog_message": (wd or {}).get("message") if verdict.startswith("ANOMALY") else None,
-        "fatal": (fatal or {}).get("FATAL"), "step": step, "total_steps": total,
+        "watchdog_message": message, "fatal": (fatal or {}).get("FATAL"),
+        "warnings": [a.message for a in w.rules.warnings()],
+        "run_id": (start or {}).get("run_id"), "attempt": (start or {}).get("attempt"),
+        "step": step, "total_steps": total,
         "elapsed_s": (last or {}).get("t"), "eta_s": eta,
-        "steps": [{f: r.get(f) for f in ("step", "loss", "lr", "grad_norm", "sps")} for r in steps[-k:]],
+        "steps": [{f: r.get(f) for f in ("step", "loss", "lr", "grad_norm", "sps")} for r in steps[-k:]] if k else [],
         "loss_trend": [steps[0].get("loss"), last.get("loss")] if len(steps) > 1 else None,
-        "eval": evals[-1] if evals else None,
+        "eval": {kk: v for kk, v in evals[-1].items() if kk == "step" or kk.startswith("eval_")} if evals else None,
         "best_eval": max(finite_evals, key=lambda e: e["eval_auroc"]) if finite_evals else None,
-        "auroc_trend": [e.get("eval_auroc") for e in evals[-4:]],
+        "auroc_trend": [e.get("eval_auroc") for e in evals[-4:] if "eval_auroc" in e],
         "final": final if isinstance(final, dict) else None,
         "watchdog": None if wd is None else {
-            "alive": bool(wd_proc and wd_proc.alive), "state": wd.get("state"),
-            "last_poll_age_s": now - wd["last_poll"] if is_number(wd.get("last_poll")) else None,
-            "bad_lines": (wd.get("records") or {}).get("bad_lines")},
+            "alive": bool(wd_proc and wd_proc.alive), "state": wd.state,
+            "last_poll_age_s": now - wd.last_poll if wd.last_poll is not None else None,
+            "bad_lines": wd.records.get("bad_lines") if is_number(wd.records.get("bad_lines")) else None},
         "process": None if proc is None else {"pid": proc.pid, "state": proc.state, "cpu_percent": proc.cpu_percent,
                                               "rss_mb": proc.rss / 2**20 if proc.rss else None},
         "gpu": _gpu_lines(gpu),
@@ -166,13 +168,14 @@ def render(f: dict, limit: int = LIMIT) -> str:
         head.append(f["watchdog_message"][:400])
     elif f["fatal"]:
         head.append(f"FATAL: {f['fatal'][:300]}")
+    head += [f"warning: {x[len('ANOMALY '):][:300]}" for x in f.get("warnings") or []]
     if f["last_error"] and f["verdict"] != "DONE":
         head.append(f"last error: {f['last_error'][:300]}")
     if f["final"]:
         nums = [(k, v) for k, v in f["final"].items() if is_number(v)][:5]
         head.append("final: " + " ".join(f"{k}={_g(v)}" for k, v in nums))
     total = f["total_steps"]
-    prog = f"step {f['step']}" + (f"/{total} ({100 * f['step'] / total:.0f}%)" if is_number(total) and total else "")
+    prog = (f"attempt {f['attempt']}, " if f.get("attempt") else "") + f"step {f['step']}" + (f"/{total} ({100 * f['step'] / total:.0f}%)" if is_number(total) and total else "")
     prog += f", elapsed {_age(f['elapsed_s'])}" if f["elapsed_s"] is not None else ""
     prog += f", ETA {_age(f['eta_s'])}" if f["eta_s"] is not None else ""
     body = [prog]
@@ -185,9 +188,10 @@ def render(f: dict, limit: int = LIMIT) -> str:
         body.append(f"loss trend (tail): {_g(f['loss_trend'][0])} -> {_g(f['loss_trend'][1])}")
     if f["eval"]:
         e, b = f["eval"], f["best_eval"] or {}
-        body.append(f"eval @{e.get('step')}: auroc={_g(e.get('eval_auroc'))} acc={_g(e.get('eval_acc'))}"
+        metrics = " ".join(f"{kk[5:]}={_g(v)}" for kk, v in list(e.items()) if kk.startswith("eval_"))[:200]
+        body.append(f"eval @{e.get('step')}: {metrics}"
                     + (f"; best auroc={_g(b.get('eval_auroc'))} @{b.get('step')}" if b else "")
-                    + "; trend " + " ".join(_g(x, 3) for x in f["auroc_trend"]))
+                    + ("; auroc trend " + " ".join(_g(x, 3) for x in f["auroc_trend"]) if f["auroc_trend"] else ""))
     w = f["watchdog"]
     body.append("watchdog: none (launch scripts/watchdog.py RUN_DIR beside the run)" if w is None else
                 f"watchdog: {'alive' if w['alive'] else 'not running'}, {w['state']}, last poll "
@@ -216,7 +220,7 @@ def summary(run_dir, k: int = 5) -> str:
 
 def main(argv=None) -> int:
     p = Parser(prog="checkin.py", description="The state of a training run in one cheap read: the verdict "
-               "first (RUNNING healthy, DONE, ANOMALY <kind>, DEAD, STALLED, NOT STARTED), then progress, "
+               "first (RUNNING healthy, STARTING, DONE, ANOMALY <kind>, NOT STARTED), then progress, "
                "recent steps, evals, watchdog, process, GPU, disk and the last error; at most 1,500 characters.")
     p.add_argument("run_dir", nargs="?", metavar="RUN_DIR",
                    help="the run directory [the watchdog registry's newest run, else the newest metrics.jsonl below here]")
@@ -240,11 +244,26 @@ def main(argv=None) -> int:
     if a.plot:
         from .plot import plot
         facts["plot"] = plot(run_dir)
-    if a.json:
-        print(json.dumps(facts, default=str))
-    else:
-        text = render(facts)
-        if a.plot:
-            text += f"\nplot: {facts['plot']}"
-        print(text)
+    text = bounded_json(facts) if a.json else render(facts) + (f"\nplot: {facts['plot']}" if a.plot else "")
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:  # `checkin.py | head -1`: the reader left; no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return EXIT_OK
+
+
+def bounded_json(facts: dict, limit: int = LIMIT) -> str:
+    """The facts as one JSON object of at most ``limit`` characters: long strings are cut,
+    then the least important lists shortened, then fields dropped from the end."""
+    facts = {k: (v[:300] if isinstance(v, str) else v) for k, v in facts.items()}
+    text = json.dumps(facts, default=str)
+    for name in ("steps", "gpu", "auroc_trend", "warnings"):
+        while len(text) > limit and isinstance(facts.get(name), list) and facts[name]:
+            facts[name] = facts[name][1:]
+            text = json.dumps(facts, default=str)
+    for name in ("final", "best_eval", "eval", "last_error", "watchdog_message", "process", "watchdog"):
+        if len(text) <= limit:
+            break
+        facts[name] = None
+        text = json.dumps(facts, default=str)
+    return text

@@ -1,8 +1,11 @@
 """What every front door shares: a parser whose errors are one line and exit 2, and the
-argument types (durations like ``90s``, ``6m``, ``3h``; positive numbers; run directories)."""
+argument types (durations like ``90s``, ``6m``, ``3h``; positive numbers; run directories).
+Every number is finite and bounded: ``nan``, ``inf``, ``1e999`` and 20-digit values are usage
+errors here, never an overflow later."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 
@@ -10,6 +13,9 @@ EXIT_OK, EXIT_USAGE, EXIT_ANOMALY = 0, 2, 7
 
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([smhd]?)\s*$", re.I)
+MAX_DURATION = 30 * 86400.0   # seconds: no poll, stall, window or timeout is longer than 30 days
+MAX_INT = 10 ** 15            # no count, step, batch or sample number is larger
+MAX_FLOAT = 1e15
 
 
 class UsageError(Exception):
@@ -25,26 +31,42 @@ class Parser(argparse.ArgumentParser):
 
 
 def duration(text: str) -> float:
-    """'90' or '90s' -> 90.0, '6m' -> 360.0, '3h' -> 10800.0; > 0 required."""
-    m = _DURATION.match(str(text))
+    """'90' or '90s' -> 90.0, '6m' -> 360.0, '3h' -> 10800.0; > 0 and at most 30 days."""
+    m = _DURATION.match(str(text)) if len(str(text)) <= 40 else None
     if not m and str(text).strip().startswith("-"):
-        raise argparse.ArgumentTypeError(f"{text!r} must be more than 0 seconds (e.g. 30, 90s, 6m)")
+        raise argparse.ArgumentTypeError(f"{_short(text)} must be more than 0 seconds (e.g. 30, 90s, 6m)")
     if not m:
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not a duration; use seconds or a number with s, m, h (e.g. 90s, 6m, 3h)")
+            f"{_short(text)} is not a duration; use seconds or a number with s, m, h (e.g. 90s, 6m, 3h)")
     value = float(m.group(1)) * _UNITS[m.group(2).lower()]
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be more than 0 seconds")
+    if not value <= MAX_DURATION:
+        raise argparse.ArgumentTypeError(f"{_short(text)} is longer than 30 days (30d); give a shorter duration")
     return value
 
 
-def _number(kind, text, low=None, low_ok=False):
+def _short(text) -> str:
+    text = str(text)
+    return repr(text) if len(text) <= 40 else f"{text[:20]!r}... ({len(text)} characters)"
+
+
+def _number(kind, text, low=None, low_ok=False, high=None):
+    """``kind(text)`` checked: finite, ``low`` < value (<= with ``low_ok``), value <= ``high``."""
+    name = "an integer" if kind is int else "a number"
+    if len(str(text)) > 40:
+        raise argparse.ArgumentTypeError(f"{_short(text)} is too long to be {name}")
     try:
         value = kind(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a{'n integer' if kind is int else ' number'}")
+    except (ValueError, OverflowError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not {name}")
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number; give {name} such as 0.5")
     if low is not None and (value < low or (value == low and not low_ok)):
         raise argparse.ArgumentTypeError(f"{text!r} must be {'at least' if low_ok else 'more than'} {low}")
+    high = (MAX_INT if kind is int else MAX_FLOAT) if high is None else high
+    if value > high:
+        raise argparse.ArgumentTypeError(f"{text!r} is too large; give at most {high:g}")
     return value
 
 
@@ -54,6 +76,14 @@ def positive_int(text):
 
 def count(text):
     return _number(int, text, 0, low_ok=True)
+
+
+def bounded_int(low: int, high: int, low_ok: bool = True):
+    """An integer type with explicit bounds, e.g. a seed in [0, 2**32 - 1]."""
+    def parse(text):
+        return _number(int, text, low, low_ok, high)
+    parse.__name__ = "integer"
+    return parse
 
 
 def positive_float(text):
@@ -68,10 +98,16 @@ def fraction(text):
 
 
 def run_dir_arg(text: str) -> str:
-    """A run directory: it may not exist yet (the trainer makes it), but it must not be a file."""
+    """A run directory: it may not exist yet (the trainer makes it), but it must not be empty
+    (that would be the current directory) nor a file."""
+    if not str(text).strip():
+        raise argparse.ArgumentTypeError("the run directory is empty; pass the folder that holds (or will hold) "
+                                         "metrics.jsonl, e.g. runs/a")
+    if "\x00" in text:
+        raise argparse.ArgumentTypeError(f"{_short(text)} holds a NUL byte; pass a real folder path")
     if os.path.exists(text) and not os.path.isdir(text):
         raise argparse.ArgumentTypeError(
-            f"{text!r} is a file, not a run directory; pass the folder that holds (or will hold) metrics.jsonl")
+            f"{_short(text)} is a file, not a run directory; pass the folder that holds (or will hold) metrics.jsonl")
     return text
 
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
+import stat
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -33,24 +35,40 @@ TEXT = "string"
 
 # The record shapes: field -> type. Extra fields are allowed everywhere.
 START_FIELDS = {"event": TEXT, "t": NUMBER, "pid": INTEGER, "total_steps": INTEGER,
-                "num_labels": INTEGER, "world_size": INTEGER, "batch_size": INTEGER}
+                "num_labels": INTEGER, "world_size": INTEGER, "batch_size": INTEGER,
+                # v0.2, all optional
+                "run_id": TEXT, "attempt": INTEGER, "task": TEXT, "vocab_size": INTEGER,
+                "rank": INTEGER, "cwd": TEXT, "time": NUMBER}
+START_REQUIRED = ("event", "t")
 STEP_FIELDS = {"step": INTEGER, "t": NUMBER, "loss": NUMBER, "lr": NUMBER,
                "grad_norm": NUMBER, "sps": NUMBER}
-EVAL_FIELDS = {"step": INTEGER, "eval_auroc": NUMBER, "eval_acc": NUMBER}
-EVAL_OPTIONAL = {"eval_loss": NUMBER}
+EVAL_FIELDS = {"step": INTEGER}           # + any eval_* metric, each a number or null
 FATAL_FIELDS = {"step": INTEGER, "t": NUMBER, "FATAL": TEXT}
-SHAPES = {"start": START_FIELDS, "step": STEP_FIELDS, "eval": EVAL_FIELDS, "fatal": FATAL_FIELDS}
+EXPECT_FIELDS = {"event": TEXT, "seconds": NUMBER}
+SHAPES = {"start": START_FIELDS, "step": STEP_FIELDS, "eval": EVAL_FIELDS, "fatal": FATAL_FIELDS,
+          "expect": EXPECT_FIELDS}
 # Values that the rules exist to catch: a non-finite or null value here is valid in shape.
-MAY_BE_NONFINITE = {"loss", "grad_norm", "eval_loss", "eval_auroc", "eval_acc", "lr", "sps"}
+MAY_BE_NONFINITE = {"loss", "grad_norm", "lr", "sps"}
+# Integer fields of a start record that must be positive to mean anything.
+START_COUNTS = ("pid", "total_steps", "num_labels", "world_size", "batch_size", "attempt",
+                "vocab_size")
+
+
+def is_eval(rec: dict) -> bool:
+    """An eval record: any record with at least one ``eval_*`` metric (v0.2: any task)."""
+    return any(isinstance(k, str) and k.startswith("eval_") for k in rec)
 
 
 def kind_of(rec: dict) -> str | None:
-    """Which record this is: 'start', 'fatal', 'eval', 'step', or None."""
-    if rec.get("event") == "start":
+    """Which record this is: 'start', 'expect', 'fatal', 'eval', 'step', or None."""
+    event = rec.get("event")
+    if event == "start":
         return "start"
+    if event == "expect":
+        return "expect"
     if "FATAL" in rec:
         return "fatal"
-    if "eval_auroc" in rec:
+    if is_eval(rec):
         return "eval"
     if "loss" in rec:
         return "step"
@@ -87,13 +105,14 @@ def validate_record(rec, require: tuple[str, ...] = ()) -> list[str]:
         return ["not a start, step, eval or FATAL record (keys: %s)" % ", ".join(sorted(rec)[:8])]
     fields = dict(SHAPES[kind])
     if kind == "eval":
-        fields.update({k: v for k, v in EVAL_OPTIONAL.items() if k in rec})
+        fields.update({k: NUMBER for k in rec if isinstance(k, str) and k.startswith("eval_")})
     problems = []
     for name, want in fields.items():
+        optional = (kind == "start" and name not in START_REQUIRED) or (kind == "eval" and name != "step")
         if name not in rec:
-            if kind != "start" or name in ("event", "t"):
+            if not optional:
                 problems.append(f"{kind} record lacks field '{name}'")
-        elif not _type_ok(rec[name], want, name):
+        elif not _type_ok(rec[name], want, name) and not (kind == "eval" and rec[name] is None):
             problems.append(f"{kind} field '{name}' = {rec[name]!r} is not a {want}")
     for name in require if kind == "step" else ():
         if name in rec and rec[name] is None:
@@ -106,16 +125,140 @@ def validate_record(rec, require: tuple[str, ...] = ()) -> list[str]:
 def parse_line(raw: bytes | str):
     """One line -> dict, or raise ValueError saying why. NaN/Infinity tokens are accepted."""
     text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
-    rec = json.loads(text)
+    try:
+        rec = json.loads(text)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
     if not isinstance(rec, dict):
         raise ValueError(f"a JSON {type(rec).__name__}, not an object")
     return rec
 
 
+def _float(v):
+    """A JSON value as a float (NaN/Infinity kept: the rules exist to see them), None for null,
+    KeyError for anything that is not a number (a string that float() reads counts)."""
+    if v is None:
+        return None
+    if isinstance(v, bool):
+        raise KeyError(v)
+    if isinstance(v, (int, float)):
+        try:
+            return float(v)
+        except OverflowError:  # an integer of 400 digits
+            return math.inf if v > 0 else -math.inf
+    if isinstance(v, str):
+        try:
+            return float(v)
+        except ValueError:
+            raise KeyError(v) from None
+    raise KeyError(v)
+
+
+def _count(v):
+    """A finite, non-negative whole number -> int; anything else -> None."""
+    try:
+        f = _float(v)
+    except KeyError:
+        return None
+    return int(f) if f is not None and math.isfinite(f) and f >= 0 else None
+
+
+def sanitize(rec: dict) -> dict | None:
+    """A record with every field the tools read coerced to its type, or None when the record is
+    unusable (a step or eval without a usable step, a non-numeric loss, an expect without
+    seconds). Every value in a metrics file is untrusted: nothing downstream type-checks again.
+    Numbers are floats (NaN/Infinity/None kept where the rules must see them), steps and counts
+    ints >= 0, FATAL a string, and unknown fields pass through untouched."""
+    kind = kind_of(rec)
+    out = dict(rec)
+    if "t" in out:
+        try:
+            t = _float(out["t"])
+        except KeyError:
+            t = None
+        out["t"] = t if t is not None and math.isfinite(t) else None
+    if "step" in out or kind in ("step", "eval"):
+        out["step"] = _count(out.get("step"))
+        if out["step"] is None and kind in ("step", "eval"):
+            return None
+    if kind == "start":
+        for name in START_COUNTS:
+            if name in out:
+                n = _count(out[name])
+                out[name] = n if n else None
+        for name in ("run_id", "task", "cwd"):
+            if name in out and not isinstance(out[name], str):
+                out[name] = None if out[name] is None else str(out[name])
+        if "argv" in out and not (isinstance(out["argv"], list) and all(isinstance(a, str) for a in out["argv"])):
+            out["argv"] = None
+        for name in ("time", "rank"):
+            if name in out:
+                out[name] = _count(out[name])
+    elif kind == "expect":
+        try:
+            seconds = _float(out.get("seconds"))
+        except KeyError:
+            return None
+        if seconds is None or not math.isfinite(seconds) or seconds < 0:
+            return None
+        out["seconds"] = seconds
+    elif kind == "fatal":
+        out["FATAL"] = str(out["FATAL"])
+    elif kind == "step":
+        try:
+            for name in ("loss", "grad_norm", "lr", "sps"):
+                if name in out:
+                    out[name] = _float(out[name])
+        except KeyError:
+            return None
+    elif kind == "eval":
+        for name in list(out):
+            if name.startswith("eval_"):
+                try:
+                    out[name] = _float(out[name])
+                except KeyError:
+                    out[name] = None
+    return out
+
+
+class NotRegular(OSError):
+    """The path exists but is not a regular file (a FIFO, a device, a directory)."""
+
+
+def open_regular(path: str | os.PathLike):
+    """Open a regular file for binary reading without ever blocking: a FIFO or a device (a
+    symlink to /dev/zero) raises ``NotRegular`` instead of hanging the reader."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            what = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a directory" if stat.S_ISDIR(st.st_mode)
+                    else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "not a file")
+            raise NotRegular(f"{os.fspath(path)} is {what}, not a regular file")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def why_unreadable(path: str | os.PathLike) -> str:
+    """'' when ``path`` is absent or a readable regular file, else one line saying why not."""
+    try:
+        open_regular(path).close()
+    except FileNotFoundError:
+        return ""
+    except NotRegular as e:
+        return str(e)
+    except OSError as e:
+        return f"{os.fspath(path)} cannot be read ({e.strerror or e})"
+    return ""
+
+
 def validate_file(path: str | os.PathLike, require: tuple[str, ...] = ()) -> list[str]:
     """Every problem in a metrics file as 'line N: ...' (a torn last line included)."""
     problems = []
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         for n, raw in enumerate(f, 1):
             if not raw.strip():
                 continue
@@ -187,32 +330,48 @@ def atomic_write_json(path: str | os.PathLike, obj) -> None:
 def read_json(path: str | os.PathLike, limit: int = 1 << 20):
     """A small JSON file -> object, or None when it is missing, too big or unreadable."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             data = f.read(limit + 1)
         if len(data) > limit:
             return None
         return json.loads(data)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
+
+
+# Lines worth parsing in the part of a long file that a re-attaching reader skips: whatever
+# can hold a first hit (non-finite values, FATAL, evals, start/expect events).
+_NOTABLE = re.compile(rb'NaN|Infinity|null|FATAL|"eval_|"event"')
 
 
 @dataclass
 class TailReader:
     """Reads only what was appended to a file since the last call.
 
-    Keeps its byte offset, buffers a torn last line until its newline, counts non-JSON lines
-    and skips them, and starts over when the file is truncated or replaced (a new inode, a
-    shorter size, or different first bytes)."""
+    Keeps its byte offset, buffers a torn last line until its newline, counts non-JSON and
+    unusable lines and skips them (each record comes out through ``sanitize``), and starts over
+    when the file is truncated or replaced (a new inode, a shorter size, or different first
+    bytes). A file that is not a regular file or cannot be read sets ``error`` and yields
+    nothing; reading never blocks.
+
+    Re-attach: the first read of a file larger than ``catchup`` bytes parses the current run's
+    head (from its last start record: the baseline), every notable line of the middle (NaN,
+    null, FATAL, evals, events: a first hit is never skipped) and the last ``tail`` bytes."""
 
     path: str
     chunk: int = 4 << 20
     max_line: int = 1 << 20
+    catchup: int = 8 << 20
+    head: int = 1 << 20
+    tail: int = 2 << 20
     offset: int = 0
     lines: int = 0
     bad_lines: int = 0
     resets: int = 0
     last_bad: str = ""
     bytes_read: int = 0
+    skipped_bytes: int = 0
+    error: str = ""
     _buf: bytes = b""
     _ident: tuple | None = None
     _head: bytes = b""
@@ -240,15 +399,24 @@ class TailReader:
     def records(self) -> Iterator[dict]:
         """Yield each complete record appended since the last call, in file order."""
         try:
-            f = open(self.path, "rb")
-        except OSError:
+            f = open_regular(self.path)
+        except FileNotFoundError:
+            self.error = ""
             return
+        except OSError as e:
+            self.error = str(e) if isinstance(e, NotRegular) else f"{self.path} cannot be read ({e.strerror or e})"
+            return
+        self.error = ""
         with f:
             st = os.fstat(f.fileno())
             if self._changed(f, st):
                 self._reset()
             self._ident = (st.st_dev, st.st_ino)
             end = st.st_size
+            if self.offset == 0 and end > self.catchup:
+                f.seek(0)
+                self._head = f.read(64)
+                yield from self._catch_up(f, end)
             f.seek(self.offset)
             while self.offset < end:
                 data = f.read(min(self.chunk, end - self.offset))
@@ -259,6 +427,60 @@ class TailReader:
                     self._head = data[:64]
                 self.offset += len(data)
                 yield from self._split(data)
+
+    def _last_start(self, f, end: int) -> int:
+        """Offset of the line holding the last start record, 0 when there is none."""
+        pos, overlap = end, 64
+        while pos > 0:
+            lo = max(0, pos - self.chunk)
+            f.seek(lo)
+            data = f.read(min(pos + overlap, end) - lo)
+            i = len(data)
+            while True:
+                i = data.rfind(b'"start"', 0, i)
+                if i < 0:
+                    break
+                line_start = data.rfind(b"\n", 0, i) + 1
+                if line_start == 0 and lo > 0:
+                    break  # the line begins in the previous chunk: found there, with its start
+                line_end = data.find(b"\n", i)
+                try:
+                    rec = parse_line(data[line_start:line_end if line_end >= 0 else len(data)])
+                    if kind_of(rec) == "start":
+                        return lo + line_start
+                except ValueError:
+                    pass
+            pos = lo
+        return 0
+
+    def _catch_up(self, f, end: int) -> Iterator[dict]:
+        begin = self._last_start(f, end)
+        tail_from = max(begin, end - self.tail)
+        head_to = min(tail_from, begin + self.head)
+        f.seek(begin)
+        data = f.read(head_to - begin)
+        cut = data.rfind(b"\n") + 1
+        self.bytes_read += cut
+        yield from self._split(data[:cut])
+        pos = begin + cut
+        while pos < tail_from:  # the middle: only the notable lines
+            f.seek(pos)
+            data = f.read(min(self.chunk, tail_from - pos))
+            cut = data.rfind(b"\n") + 1
+            if cut == 0:
+                break
+            data = data[:cut]
+            last = -1
+            for m in _NOTABLE.finditer(data):
+                if m.start() <= last:
+                    continue
+                lo = data.rfind(b"\n", 0, m.start()) + 1
+                last = data.find(b"\n", m.start())
+                yield from self._split(data[lo:last + 1])
+            self.bytes_read += cut
+            self.skipped_bytes += cut
+            pos += cut
+        self.offset = pos  # a line boundary: records() reads the tail from here, every line
 
     def _split(self, data: bytes) -> Iterator[dict]:
         data = self._buf + data
@@ -275,9 +497,13 @@ class TailReader:
                 continue
             self.lines += 1
             try:
-                yield parse_line(raw)
+                rec = sanitize(parse_line(raw))
             except ValueError:
+                rec = None
+            if rec is None:
                 self._bad(raw)
+            else:
+                yield rec
 
     def _bad(self, raw: bytes) -> None:
         self.bad_lines += 1
@@ -285,24 +511,25 @@ class TailReader:
 
 
 def read_run(path: str | os.PathLike) -> tuple[dict, list, list]:
-    """(start record or {}, step records, eval records) of a whole metrics file, streamed.
-    For tools that need the full history (smoke, plot); the hot paths read tails instead."""
+    """(start record or {}, step records, eval records) of the current run (the records after
+    the last start record) in a whole metrics file, streamed and sanitized. For tools that need
+    the full history (smoke, plot); the hot paths read tails instead."""
     start, steps, evals = {}, [], []
-    for rec in TailReader(str(path)).records():
+    for rec in TailReader(str(path), catchup=1 << 62).records():
         k = kind_of(rec)
         if k == "step":
             steps.append(rec)
         elif k == "eval":
             evals.append(rec)
         elif k == "start":
-            start = rec
+            start, steps, evals = rec, [], []
     return start, steps, evals
 
 
 def tail_lines(path: str | os.PathLike, n: int, max_bytes: int = 1 << 20) -> list[bytes]:
     """The last ``n`` complete lines of a file, reading at most ``max_bytes`` from its end."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             f.seek(0, os.SEEK_END)
             size = f.tell()
             start = max(0, size - max_bytes)

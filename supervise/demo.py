@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from .cli import EXIT_ANOMALY, EXIT_OK, Parser
+from .cli import EXIT_ANOMALY, EXIT_OK, EXIT_USAGE, Parser, UsageError, duration
 from .checkin import summary
 from .contract import METRICS, SENTINEL, read_json
 from .guard import QUIET as GUARD_QUIET
@@ -23,10 +23,42 @@ from .plot import plot as plot_png
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE = "train_torch.py"
 QUIET = {"PYTHONUNBUFFERED": "1", **GUARD_QUIET}  # what the launch hooks ask of a training launch
+MARKER = ".supervise-demo"  # written into every folder the demo creates: only those may it remove
+
+
+def check_claim(folder: Path) -> None:
+    """Refuse (UsageError) what the demo may not own: an empty path, a file, a symlink, or a folder
+    holding anything the demo did not write (no MARKER inside). Touches nothing."""
+    if not str(folder) or str(folder) in (".", "/"):
+        raise UsageError(f"--out {str(folder)!r} is not a folder the demo can own; give a new folder, e.g. runs/demo")
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+        raise UsageError(f"{folder} is {'a symlink' if folder.is_symlink() else 'a file'}; give a new folder for "
+                         "the demo, e.g. runs/demo")
+    if folder.is_dir():
+        try:
+            inside = os.listdir(folder)
+        except OSError as e:
+            raise UsageError(f"cannot read {folder}: {e.strerror}; give a new folder, e.g. runs/demo")
+        if inside and MARKER not in inside:
+            raise UsageError(f"{folder} holds files the demo did not write ({len(inside)} entries, no {MARKER}); "
+                             "give a new or empty folder, e.g. runs/demo")
 
 
 def say(msg: str) -> None:
     print(f"[demo] {msg}", flush=True)
+
+
+def claim(folder: Path) -> None:
+    """Make ``folder`` the demo's own, empty, with MARKER inside; an earlier demo folder (MARKER
+    present) is removed first. Call ``check_claim`` on every folder before claiming any."""
+    check_claim(folder)
+    try:
+        if folder.is_dir() and os.listdir(folder):
+            shutil.rmtree(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / MARKER).write_text("made by scripts/demo.py: the demo may remove this folder on its next run\n")
+    except OSError as e:
+        raise UsageError(f"cannot make {folder} the demo's folder: {e.strerror}; give a new writable folder")
 
 
 def flipped_data(run_dir: Path) -> list[str]:
@@ -65,26 +97,41 @@ def code_corpus(path: Path, n: int = 400) -> None:
             f.write(json.dumps({"id": i, "code": code}) + "\n")
 
 
+def _seconds(value: float) -> str:
+    """A duration flag for the scripts: '600s', '0.5s' (never an exponent, which they refuse)."""
+    return f"{value:.3f}".rstrip("0").rstrip(".") + "s"
+
+
 def main(argv=None) -> int:
     p = Parser(prog="demo.py", description=__doc__)
     p.add_argument("--out", default="runs/demo", help="run directory [runs/demo]")
     p.add_argument("--fault", choices=["dead", "nan", "inverted"], help="inject a real fault")
-    p.add_argument("--poll", default="2", help="watchdog poll interval [2s]")
+    p.add_argument("--poll", type=duration, default=2.0, help="watchdog poll interval [2s]")
+    p.add_argument("--window", type=duration, default=600.0,
+                   help="the GPU window that bench and smoke project the run against [10m]; a busy machine needs more")
     a = p.parse_args(argv)
+    if not a.out.strip():
+        print("demo.py: error: --out is empty; give a new folder for the demo run, e.g. runs/demo", file=sys.stderr)
+        return EXIT_USAGE
     run_dir = Path(a.out)
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
-    run_dir.mkdir(parents=True)
+    smoke_dir = run_dir.parent / (run_dir.name + "-smoke")
+    try:
+        for folder in (run_dir, smoke_dir):
+            check_claim(folder)
+        for folder in (run_dir, smoke_dir):
+            claim(folder)
+    except UsageError as e:
+        print(f"demo.py: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    window = _seconds(a.window)
     py, scripts, template = sys.executable, ROOT / "scripts", str(ROOT / "templates" / TEMPLATE)
     step("1. bench", [py, str(scripts / "bench.py"), "--config", "tiny", "--seq-len", "32", "--batch", "32",
-                      "--samples", "6000", "--epochs", "2", "--eval-samples", "600", "--window", "10m"])
+                      "--samples", "6000", "--epochs", "2", "--eval-samples", "600", "--window", window])
     code_corpus(run_dir / "corpus.jsonl")
     step("2. audit", [py, str(scripts / "audit.py"), str(run_dir / "corpus.jsonl"), "--id-col", "id",
                       "--normalize", "ast", "--out", str(run_dir / "audited")])
-    smoke_dir = run_dir.parent / (run_dir.name + "-smoke")
-    shutil.rmtree(smoke_dir, ignore_errors=True)
     if step("3. smoke", [py, str(scripts / "smoke.py"), str(smoke_dir), "--full-samples", "6000", "--epochs", "2",
-                         "--window", "10m", "--", py, "-u", template, "--out", str(smoke_dir), "--smoke"]) != 0:
+                         "--window", window, "--", py, "-u", template, "--out", str(smoke_dir), "--smoke"]) != 0:
         say("smoke failed: stop here, as the procedure says")
         return EXIT_ANOMALY
     extra = {"nan": ["--lr", "1e4"], "inverted": flipped_data(run_dir)}.get(a.fault, [])
@@ -94,7 +141,7 @@ def main(argv=None) -> int:
     with open(run_dir / "train.log", "wb") as log:
         trainer = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **QUIET})
     wd_cmd = [sys.executable, "-u", str(ROOT / "scripts" / "watchdog.py"), str(run_dir), "--pid", str(trainer.pid),
-              "--poll", a.poll]
+              "--poll", _seconds(a.poll)]
     say("6. watchdog: " + " ".join(wd_cmd))
     watchdog = subprocess.Popen(wd_cmd, stdout=subprocess.PIPE, text=True)
     killed = False

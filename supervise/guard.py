@@ -4,6 +4,10 @@ Each rule is a pure function ``(Call) -> reason | None``; a deny says the rule, 
 clause, and the corrected command when one can be derived. A guard decides on purpose, never
 by crashing: bad input or an internal error allows the call (and says so on stderr).
 ``SUPERVISE_GUARD_OFF=rule,rule`` switches rules off. Standard library only: hot path.
+
+Linear time: the command is split once by a regex lexer (``shlex`` is quadratic in the length of
+a word), every rule reads the same split, and a command longer than ``MAX_COMMAND`` is decided on
+its first ``MAX_COMMAND`` characters, which the reason says.
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ QUIET = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error",
 OWN_SCRIPTS = re.compile(r"(^|/)scripts/(watchdog|checkin|bench|audit|smoke|plot|demo)\.py$")
 PYTHON = re.compile(r"^(.*/)?python(\d+(\.\d+)?)?$")
 LAUNCHERS = {"torchrun", "deepspeed"}
+SCHEDULERS = {"sbatch"}  # a batch job detaches by design: a launch that needs no run_in_background
 LOG_FILE = re.compile(r"(\.log|\.out|\.err|\.txt)$|(^|/)nohup\.out$")
 BIG = 256 << 10
 MAX_TAIL = 200
@@ -30,6 +35,8 @@ CREDENTIALS = ("~/.git-credentials", "~/.netrc", "~/.aws/credentials", "~/.confi
 SECRET_VAR = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD", re.I)
 OPERATORS = {"&&", "||", ";", "|", "&", "|&", ";;", "(", ")"}
 ENV_ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+MAX_COMMAND = 256 << 10  # characters of a command the guard reads; past it, it decides on those
+MAX_FIX = 8000  # a corrected command longer than this is not shown (hook output is capped at 10,000)
 
 
 @dataclass
@@ -43,14 +50,32 @@ class Call:
     env: dict = field(default_factory=dict)
     content: str = ""
     path: str = ""
+    read: int = 0  # the command's full length when only its first MAX_COMMAND characters were read
+    memo: dict = field(default_factory=dict, repr=False, compare=False)  # the split, read once per call
+
+
+_RAW_TOKEN = re.compile(r"""[;&|()]+|(?:[^ \t\r\n;&|()'"\\]+|'[^']*'|"[^"\\]*(?:\\.[^"\\]*)*"|\\.)+|['"\\]""", re.S)
+_QUOTED_PART = re.compile(r"""'([^']*)'|"([^"\\]*(?:\\.[^"\\]*)*)"|\\(.)|([^'"\\]+)""", re.S)
+_DOUBLE_ESCAPE = re.compile(r'\\([\\"])')
+
+
+def _unquote(word: str) -> str:
+    return "".join(m[1] if m[1] is not None else _DOUBLE_ESCAPE.sub(r"\1", m[2]) if m[2] is not None else
+                   m[3] if m[3] is not None else m[4] for m in _QUOTED_PART.finditer(word))
 
 
 def tokens(command: str) -> list[str]:
-    """Words and operators, split by a real shell lexer (quotes kept together)."""
-    lex = shlex.shlex(command, posix=True, punctuation_chars=";&|()")
-    lex.whitespace_split = True
-    lex.commenters = ""
-    return list(lex)
+    """Words and operators as ``shlex.shlex(command, posix=True, punctuation_chars=";&|()")`` with
+    ``whitespace_split`` splits them (quotes removed, a quoted part kept in its word; a run of
+    ``;&|()`` is one token), in linear time: one regex pass, quotes undone only in the words that
+    hold one. ValueError on an unclosed quote or a final backslash."""
+    out = _RAW_TOKEN.findall(command)
+    for i, t in enumerate(out):
+        if "'" in t or '"' in t or "\\" in t:
+            if t in ("'", '"', "\\"):  # the lone character no other branch could take
+                raise ValueError("No escaped character" if t == "\\" else "No closing quotation")
+            out[i] = _unquote(t)
+    return out
 
 
 def simple_commands(command: str) -> list[tuple[list[str], str]]:
@@ -64,6 +89,16 @@ def simple_commands(command: str) -> list[tuple[list[str], str]]:
             cur.append(t)
     out.append((cur, ""))
     return [(w, op) for w, op in out if w]
+
+
+def _parts(call: Call) -> Optional[list]:
+    """simple_commands of the call's command, split once per call; None when it does not split."""
+    if "parts" not in call.memo:
+        try:
+            call.memo["parts"] = simple_commands(call.command)
+        except ValueError:
+            call.memo["parts"] = None
+    return call.memo["parts"]
 
 
 def _split_env(words: list[str]) -> tuple[dict, list[str]]:
@@ -90,14 +125,14 @@ def _launch(words: list[str]) -> Optional[dict]:
             rest = rest[1:]
     if not rest:
         return None
-    exe = rest[0]
+    exe, name = rest[0], os.path.basename(rest[0])
     if PYTHON.match(exe):
         kind = "python"
-    elif exe in LAUNCHERS:
-        kind = exe
-    elif exe == "accelerate" and rest[1:2] == ["launch"]:
+    elif name in LAUNCHERS:  # torchrun, deepspeed, also as .venv/bin/torchrun: a Python launch
+        kind = name
+    elif name == "accelerate" and rest[1:2] == ["launch"]:
         kind = "accelerate"
-    elif exe == "uv" and rest[1:2] == ["run"]:
+    elif name == "uv" and rest[1:2] == ["run"]:
         kind = "uv"
     else:
         return None
@@ -107,34 +142,45 @@ def _launch(words: list[str]) -> Optional[dict]:
 
 def _own(launch: dict) -> bool:
     s = launch["script"]
-    return bool(OWN_SCRIPTS.search(s)) or (s and Path(s).resolve().is_relative_to(BUNDLE / "scripts"))
+    if not s or OWN_SCRIPTS.search(s):
+        return bool(s)
+    if s not in _OWN:
+        try:
+            _OWN[s] = Path(s).resolve().is_relative_to(BUNDLE / "scripts")
+        except (OSError, ValueError, RuntimeError):  # a path too long or looping: not ours
+            _OWN[s] = False
+    return _OWN[s]
 
 
-def _exported(command: str) -> dict:
-    env = {}
-    for words, _ in simple_commands(command):
-        if words[0] == "export":
-            for w in words[1:]:
-                if ENV_ASSIGN.match(w):
-                    k, _, v = w.partition("=")
-                    env[k] = v
-    return env
+_OWN: dict = {}  # script path -> is it one of the bundle's scripts (one process decides one call)
+
+
+def _exported(call: Call) -> dict:
+    if "exported" not in call.memo:
+        env = {}
+        for words, _ in _parts(call) or []:
+            if words[0] == "export":
+                for w in words[1:]:
+                    if ENV_ASSIGN.match(w):
+                        k, _, v = w.partition("=")
+                        env[k] = v
+        call.memo["exported"] = env
+    return call.memo["exported"]
 
 
 def _launches(call: Call) -> list[dict]:
-    try:
-        return [x for x in (_launch(w) for w, _ in simple_commands(call.command)) if x]
-    except ValueError:
-        return []
+    if "launches" not in call.memo:
+        call.memo["launches"] = [x for x in (_launch(w) for w, _ in _parts(call) or []) if x]
+    return call.memo["launches"]
 
 
 def _missing(call: Call, launch: dict) -> list[str]:
-    have = {**call.env, **_exported(call.command), **launch["env"]}
-    return [k for k, v in QUIET.items() if have.get(k) != v]
+    exported = _exported(call)
+    return [k for k, v in QUIET.items() if launch["env"].get(k, exported.get(k, call.env.get(k))) != v]
 
 
 def _buffered(call: Call, launch: dict) -> bool:
-    have = {**call.env, **_exported(call.command), **launch["env"]}
+    have = {**call.env, **_exported(call), **launch["env"]}
     if have.get("PYTHONUNBUFFERED", "") not in ("", "0"):
         return False
     return not (launch["kind"] == "python" and any(a == "-u" or (a.startswith("-") and not a.startswith("--")
@@ -144,7 +190,9 @@ def _buffered(call: Call, launch: dict) -> bool:
 
 def one_line(command: str) -> Optional[str]:
     """The command joined onto one physical line, or None when it cannot be done safely."""
-    text = re.sub(r"[ \t]*\\\n\s*", " ", command.strip())
+    pieces = command.strip().split("\\\n")  # backslash-newline continuations become one space
+    text = " ".join((p if i == 0 else p.lstrip()).rstrip(" \t") if i < len(pieces) - 1 else
+                    (p if i == 0 else p.lstrip()) for i, p in enumerate(pieces))
     if "<<" in text:
         return None
     lines = [ln.strip() for ln in text.split("\n") if ln.strip()]
@@ -153,15 +201,10 @@ def one_line(command: str) -> Optional[str]:
             tokens(ln)
     except ValueError:  # a quote spans lines: a multi-line -c string
         return None
-    joined = ""
-    for ln in lines:
-        if not joined:
-            joined = ln
-        elif re.search(r"(&&|\|\||\||;|&)$", joined):
-            joined += " " + ln
-        else:
-            joined += " && " + ln
-    return joined
+    out = lines[:1]
+    for prev, ln in zip(lines, lines[1:]):
+        out.append((" " if prev.endswith(("|", ";", "&")) else " && ") + ln)
+    return "".join(out)
 
 
 def fix_env(call: Call, command: str) -> str:
@@ -169,32 +212,40 @@ def fix_env(call: Call, command: str) -> str:
     launch's own word in turn (searching on from the last one, so two launches of ``python``
     are each fixed once and the bundle's own scripts are passed over)."""
     sub = Call(call.tool, command, call.background, call.cwd, call.env)
-    out, pos = command, 0
+    out, pos = [], 0  # the pieces of the new command; pos: how far ``command`` is copied
     for launch in _launches(sub):
         head = shlex.quote(launch["argv"][0])
-        m = re.compile(r"(?<![\w/.=-])" + re.escape(head) + r"(?![\w.])").search(out, pos)
+        m = re.compile(r"(?<![\w/.=-])" + re.escape(head) + r"(?![\w.])").search(command, pos)
         if m is None:
             continue
         if _own(launch):
+            out.append(command[pos:m.end()])
             pos = m.end()
             continue
         buffered = _buffered(sub, launch)
         prefix = " ".join(f"{k}={v}" for k, v in {**({"PYTHONUNBUFFERED": "1"} if buffered else {}),
                                                      **{k: QUIET[k] for k in _missing(sub, launch)}}.items())
         new_head = head + (" -u" if launch["kind"] == "python" and buffered else "")
-        new_head = f"{prefix} {new_head}" if prefix else new_head
-        out = out[:m.start()] + new_head + out[m.end():]
-        pos = m.start() + len(new_head)
-    return out
+        out += [command[pos:m.start()], f"{prefix} {new_head}" if prefix else new_head]
+        pos = m.end()
+    out.append(command[pos:])
+    return "".join(out)
 
 
 def corrected(call: Call) -> Optional[str]:
+    """The command fixed (one line, -u, the quiet variables); None when it cannot be derived, or
+    when only the command's head was read (a fix of a cut command would run half of it)."""
+    if call.read:
+        return None
     cmd = one_line(call.command) if "\n" in call.command.strip() else call.command.strip()
     return fix_env(call, cmd) if cmd else None
 
 
 def _deny(rule: str, why: str, fix: Optional[str]) -> str:
     reason = f"[{rule}] {why}"
+    if fix and len(fix) > MAX_FIX:
+        return reason + f" (The corrected command is {len(fix):,} characters, too long to show: put the steps in a " \
+                        "script file and launch that.)"
     return reason + (f" Run instead: {fix}" if fix else "")
 
 
@@ -227,24 +278,39 @@ def rule_quiet_env(call: Call) -> Optional[str]:
     return None
 
 
-DETACH = re.compile(r"(^|[\s;&|(])(nohup|setsid|disown)(\s|$)|tmux\s+new(-session)?\b.*\s-d|screen\s+-d?m")
+DETACH = re.compile(r"(^|[\s;&|(])(nohup|setsid|disown)(\s|$)|screen\s+-d?m")
+TMUX_NEW = re.compile(r"tmux\s+new(-session)?\b")
+DASH_D = re.compile(r"\s-d")
+
+
+def detached(text: str) -> bool:
+    """nohup, setsid, disown, ``screen -dm``, or ``tmux new`` with ``-d`` later on the same line; in
+    linear time (one search for the first ``tmux new`` of each line, one for a ``-d`` after it)."""
+    if DETACH.search(text):
+        return True
+    for line in text.split("\n"):
+        m = TMUX_NEW.search(line)
+        if m and DASH_D.search(line, m.end()):
+            return True
+    return False
 
 
 def rule_notified(call: Call) -> Optional[str]:
     if call.tool != "Bash" or call.background:
         return None
-    try:
-        parts = simple_commands(call.command)
-    except ValueError:
+    parts = _parts(call)
+    if parts is None:
         return None
+    if any(os.path.basename(_split_env(w)[1][0]) in SCHEDULERS for w, _ in parts if _split_env(w)[1]):
+        return None  # sbatch: the scheduler runs the job detached by design; the watchdog follows it
     text = call.command
     trains = bool(_launches(call)) or bool(re.search(r"python\d*(\.\d+)?\s|torchrun|accelerate\s+launch|deepspeed", text))
-    detached = any(op == "&" for _, op in parts) or DETACH.search(text)
-    if not (trains and detached):
+    if not (trains and (any(op == "&" for _, op in parts) or detached(text))):
         return None
-    fix = " ".join(w for w in re.sub(r"\s*&\s*$", "", re.sub(r"\bdisown\b\s*;?", "", text)).split()
-                   if w not in ("nohup", "setsid")).strip().rstrip("&").rstrip(";").strip()
-    fix = fix_env(call, fix) if "\n" not in fix and not DETACH.search(fix) else None
+    fix = re.sub(r"\bdisown\b\s*;?", "", text).rstrip()
+    fix = fix[:-1] if fix.endswith("&") and not fix.endswith("&&") else fix
+    fix = " ".join(w for w in fix.split() if w not in ("nohup", "setsid")).strip().rstrip("&").rstrip(";").strip()
+    fix = fix_env(call, fix) if "\n" not in fix and not detached(fix) and not call.read else None
     return _deny("notified", "A detached launch (&, nohup, setsid, disown, tmux -d, screen -dm) never wakes "
                  "you when it ends: run it with run_in_background: true instead.", fix)
 
@@ -271,17 +337,16 @@ def _tail_n(args: list[str]) -> Optional[int]:
 def rule_no_log_dumps(call: Call) -> Optional[str]:
     if call.tool != "Bash":
         return None
-    try:
-        parts = simple_commands(call.command)
-    except ValueError:
-        return None
-    for words, op in parts:
+    for words, op in _parts(call) or []:
         if op in ("|", "|&"):
             continue  # its output is filtered further down the pipe
         _, words = _split_env(words)
         if not words:
             continue
-        exe, args = os.path.basename(words[0]), words[1:]
+        exe = os.path.basename(words[0])
+        if exe not in ("cat", "less", "more", "bat", "head", "tail"):
+            continue
+        args = words[1:]
         files = [a for a in args if not a.startswith("-") and not a.lstrip("+").isdigit()]
         if exe in ("cat", "less", "more", "bat"):
             big = [f for f in files if _size(call, f) > BIG]
@@ -313,10 +378,7 @@ def rule_no_credential_hunting(call: Call) -> Optional[str]:
                              "push or download fails with 401, tell the user the token is missing or revoked.", None)
     if re.search(r"\bgit\s+credential(-\w+)?\s+(fill|get)\b", text):
         return _deny("no_credential_hunting", "git credential fill prints stored secrets: tell the user instead.", None)
-    try:
-        parts = simple_commands(text)
-    except ValueError:
-        return None
+    parts = _parts(call) or []
     for i, (words, op) in enumerate(parts):
         _, words = _split_env(words)
         if not words:
@@ -366,13 +428,30 @@ RULES: dict[str, Callable[[Call], Optional[str]]] = {
 }
 
 
+def truncate(call: Call) -> Call:
+    """The call itself, or, for a command longer than MAX_COMMAND, a copy that holds its first
+    MAX_COMMAND characters (cut at the last line break, else the last blank) with ``read`` set."""
+    if len(call.command) <= MAX_COMMAND:
+        return call
+    head = call.command[:MAX_COMMAND]
+    cut = max(head.rfind("\n"), head.rfind(" "))
+    head = head[:cut] if cut > MAX_COMMAND // 2 else head
+    return Call(call.tool, head, call.background, call.cwd, call.env, call.content, call.path, read=len(call.command))
+
+
 def decide(call: Call) -> Optional[str]:
-    """The first rule that denies, as its reason; None allows."""
+    """The first rule that denies, as its reason; None allows. A command past MAX_COMMAND is
+    decided on its first MAX_COMMAND characters: a deny then says so and offers no corrected
+    command (it would be cut too)."""
     off = {r.strip() for r in call.env.get("SUPERVISE_GUARD_OFF", "").split(",")}
+    call = truncate(call)
     for name, rule in RULES.items():
         if name not in off:
             reason = rule(call)
             if reason:
+                if call.read:
+                    reason += (f" (Decided on the first {MAX_COMMAND >> 10} KiB of this {call.read / 1024:,.0f} KiB "
+                               "command: put the steps in a script file.)")
                 return reason
     return None
 
@@ -391,7 +470,11 @@ def main(stdin=None, stdout=None, env=None) -> int:
     stdin, stdout = stdin or sys.stdin, stdout or sys.stdout
     try:
         data = json.loads(stdin.read() or "{}")
-        reason = decide(call_from_hook(data, os.environ if env is None else env))
+        call = call_from_hook(data, os.environ if env is None else env)
+        reason = decide(call)
+        if reason is None and len(call.command) > MAX_COMMAND:
+            print(f"supervise guard: allowed after reading the first {MAX_COMMAND >> 10} KiB of a "
+                  f"{len(call.command) / 1024:,.0f} KiB command", file=sys.stderr)
     except Exception as e:  # decide on purpose, never by crashing: allow, and say so
         print(f"supervise guard: allowed without a check ({type(e).__name__}: {str(e)[:120]})", file=sys.stderr)
         return 0

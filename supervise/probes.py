@@ -89,6 +89,39 @@ def process(pid: int, cpu_interval: Optional[float] = None) -> ProcInfo:
     return ProcInfo(pid, "alive")
 
 
+def log_writers(log_path, exclude=()) -> dict[int, int]:
+    """Every process whose stdout or stderr is ``log_path`` -> its parent pid. The README's
+    launch line makes the trainer such a process, and torchrun's workers inherit it. Reads
+    /proc/PID/fd/{1,2} links: no file is opened, a few hundred readlinks per call."""
+    try:
+        target = os.path.realpath(log_path)
+        pids = [int(d) for d in os.listdir("/proc") if d.isdigit()]
+    except OSError:
+        return {}
+    out = {}
+    for pid in pids:
+        if pid in exclude:
+            continue
+        for fd in (1, 2):
+            try:
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if link == target or link == target + " (deleted)":
+                out[pid] = _ppid(pid)
+                break
+    return out
+
+
+def _ppid(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+        return int(stat[stat.rfind(")") + 2:].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 class ProcessWatch:
     """Remembers each pid's start time at first sight, so a recycled pid reads as gone."""
 

@@ -46,9 +46,11 @@ def runs() -> list[dict]:
     out = []
     for p in (state_dir() / "runs").glob("*.json"):
         rec = read_json(p)
-        if isinstance(rec, dict) and "run_dir" in rec:
+        if isinstance(rec, dict) and isinstance(rec.get("run_dir"), str) and rec["run_dir"]:
+            if not isinstance(rec.get("registered"), (int, float)) or isinstance(rec.get("registered"), bool):
+                rec["registered"] = 0
             out.append(rec)
-    return sorted(out, key=lambda r: r.get("registered", 0), reverse=True)
+    return sorted(out, key=lambda r: r["registered"], reverse=True)
 
 
 def latest():

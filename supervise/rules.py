@@ -1,18 +1,23 @@
-"""Anomaly rules: one small pure function per kind over a ``Window`` of facts.
+"""Anomaly rules: one small unit per kind.
 
-Each rule returns ``None`` or an ``Anomaly`` whose message has one shape:
+Record rules see every record of the current run in order (``update(rec) -> Anomaly | None``)
+and the engine keeps their first hit, so what they report never depends on when a poll lands.
+Process rules are pure functions of one poll's ``Window``. Every message has one shape:
 ``ANOMALY <kind>: <what> = <value> <op> <threshold> at step N. <fix>.``
 Thresholds live in ``Thresholds``; every field is a watchdog flag (``--max-stall`` for
-``max_stall``) with its unit and default in ``--help``.
+``max_stall``) with its unit and default in ``--help`` and in references/thresholds.md.
+Standard library only: this is on the hot path.
 """
 from __future__ import annotations
 
 import math
 import statistics
+from collections import deque
 from dataclasses import dataclass, field, fields
-from typing import Callable, Optional
+from typing import Optional
 
-from .contract import is_finite
+from .contract import is_finite, is_number, kind_of
+from .logs import last_error, oom_line  # noqa: F401  (log knowledge lives in logs.py)
 
 # Every kind, most specific first: when several hold in one poll the first one is reported.
 KINDS = ("blind", "nan", "fatal", "oom", "crash", "node_fail", "preempted", "dead", "rank_hang",
@@ -27,70 +32,58 @@ def _th(default, unit: str, doc: str, duration: bool = False):
 
 @dataclass(frozen=True)
 class Thresholds:
-    """Alarm thresholds for a typical binary-classifier fine-tune (MISSION.md's table)."""
+    """Alarm thresholds (MISSION.md's table, plus what real runs taught). Units in metadata."""
 
     poll: float = _th(30.0, "s", "seconds between polls of the metrics file", True)
     max_stall: float = _th(360.0, "s", "metrics file unmodified this long while the process lives: stall", True)
+    min_stall: float = _th(60.0, "s", "the learned stall (--stall-factor x the longest gap between records) is never shorter than this", True)
+    stall_factor: float = _th(5.0, "x", "once the run shows its rhythm (an eval, or 100 step records), a silence this many times its longest gap is a stall; 0 turns learning off")
     startup_grace: float = _th(300.0, "s", "silence allowed before the first step record (tokenizing, loading weights)", True)
+    orphan_grace: float = _th(10.0, "s", "no live process writes train.log this long (and none was seen): the run is judged from its log", True)
+    rank_grace: float = _th(10.0, "s", "one of several run processes gone this long while the others live: dead", True)
     hard_timeout: float = _th(10800.0, "s", "wall time since the watchdog started: timeout", True)
     min_auroc: float = _th(0.70, "AUROC", "eval AUROC below this after --min-auroc-step: stuck_auroc; at or below 1 - this: inverted_labels")
     min_auroc_step: int = _th(500, "steps", "warm-up before stuck_auroc applies")
     num_labels: int = _th(2, "classes", "chance loss is ln(num_labels); a start record's value is used when this is not given")
     chance_step: int = _th(400, "steps", "from this step a loss at chance is an alarm")
-    chance_margin: float = _th(0.05, "fraction", "median loss within this fraction of ln(num_labels) counts as chance")
+    chance_margin: float = _th(0.05, "fraction", "median loss within this fraction of the chance loss counts as chance")
+    diverge_factor: float = _th(10.0, "x", "median loss above this many times max(chance loss, the run's best median) for --sustain records: diverged")
+    spike_factor: float = _th(2.0, "x", "loss above this many times the rolling mean of the --spike-window records before it, for --sustain records in a row: loss_spike")
+    spike_window: int = _th(20, "records", "records in the rolling mean a loss spike is measured against")
     grad_high: float = _th(50.0, "grad norm", "pre-clip grad norm above this for --sustain records: grad_explode")
     grad_low: float = _th(1e-3, "grad norm", "pre-clip grad norm below this for --sustain records: grad_collapse")
     converged_loss: float = _th(0.01, "loss", "grad_collapse stays quiet while the recent median loss is at or below this (a solved task has tiny gradients)")
-    sustain: int = _th(5, "records", "consecutive step records a grad or throughput condition must hold")
-    throughput_drop: float = _th(0.25, "fraction", "recent median sps this far below the baseline median: throughput")
+    sustain: int = _th(5, "records", "consecutive step records a loss, grad or throughput condition must hold")
+    overfit_evals: int = _th(3, "evals", "eval loss rising this many evals in a row while the train loss falls: overfit (a check-in warning; an anomaly with --overfit-alarm)")
+    overfit_alarm: bool = _th(False, "switch", "make overfit an anomaly that ends the watch")
+    throughput_drop: float = _th(0.25, "fraction", "median sps this far below the baseline median for --throughput-window: throughput")
+    throughput_window: float = _th(300.0, "s", "how long (record time) a throughput drop must hold", True)
+    warmup_steps: int = _th(20, "steps", "steps left out of the throughput baseline (compilation, cache warm-up)")
     baseline_steps: int = _th(200, "steps", "step records up to this step form the throughput baseline")
+    straggler_ratio: float = _th(0.75, "fraction", "a rank whose sps stays below this fraction of the others' median for --throughput-window: straggler")
     gpu_idle: float = _th(300.0, "s", "the run's GPUs below --gpu-idle-util this long after the startup grace: gpu_idle", True)
     gpu_idle_util: float = _th(5.0, "%", "GPU utilization under this counts as idle")
 
     @classmethod
     def from_dict(cls, d) -> "Thresholds":
-        """Thresholds saved in a watchdog.json; unknown keys ignored, missing ones default."""
-        return cls(**{k: v for k, v in (d or {}).items() if k in cls.__dataclass_fields__})
+        """Thresholds saved in a watchdog.json; unknown or wrong-typed values take the default."""
+        if not isinstance(d, dict):
+            return cls()
+        good = {}
+        for f in fields(cls):
+            v = d.get(f.name)
+            if isinstance(f.default, bool):
+                if isinstance(v, bool):
+                    good[f.name] = v
+            elif is_finite(v) and v >= 0:
+                good[f.name] = type(f.default)(v)
+        return cls(**good)
 
     @classmethod
     def describe(cls):
         """(name, default, unit, help, is_duration) for every threshold, in order."""
         for f in fields(cls):
             yield f.name, f.default, f.metadata["unit"], f.metadata["help"], f.metadata["duration"]
-
-
-@dataclass(frozen=True)
-class Process:
-    """One watched process as a probe saw it. state: running|sleeping|stopped|zombie|gone|..."""
-
-    pid: int
-    state: str
-
-    @property
-    def alive(self) -> bool:
-        return self.state not in ("gone", "zombie", "dead")
-
-
-@dataclass(frozen=True)
-class Window:
-    """What one poll knows. Built by ``watch.py``; the rules only read it."""
-
-    now: float                       # wall clock, s
-    started: float                   # when watching began (or the process began, if earlier)
-    watch_started: float             # when the watchdog itself started
-    steps: tuple = ()                # the most recent step records, oldest first
-    baseline_sps: tuple = ()         # sps of step records with step <= baseline_steps
-    last_eval: Optional[dict] = None
-    first_inverted: Optional[dict] = None   # the first eval with auroc <= 1 - min_auroc
-    first_nonfinite: Optional[dict] = None  # the first step record with a non-finite value
-    fatal: Optional[dict] = None
-    last_step: int = 0
-    metrics_mtime: Optional[float] = None
-    processes: tuple = ()            # Process, one per watched pid
-    log_tail: tuple = ()             # filtered last lines of the log (only read once dead)
-    num_labels: int = 2
-    gpu_util: Optional[float] = None # max utilization of the run's GPUs, %; None: no GPU
-    gpu_idle_for: float = 0.0        # s the run's GPUs have been under the idle floor
 
 
 @dataclass(frozen=True)
@@ -106,249 +99,556 @@ def anomaly(kind: str, what: str, step: int, fix: str) -> Anomaly:
     return Anomaly(kind, step, f"ANOMALY {kind}: {what} at step {step}. {fix.rstrip('.')}.")
 
 
-_msg = anomaly
-
-
 def _g(x) -> str:
     if isinstance(x, float):
-        if not math.isfinite(x):
-            return str(x)
-        return f"{x:.4g}"
+        return str(x) if not math.isfinite(x) else f"{x:.4g}"
     return repr(x) if isinstance(x, str) else str(x)
 
 
-def _secs(x: float) -> str:
+def secs(x: float) -> str:
     return f"{x:.0f}s" if x >= 10 else f"{x:.1f}s"
 
 
-def _died(w: Window) -> bool:
-    return bool(w.processes) and any(not p.alive for p in w.processes)
+def chance(n: Optional[int]) -> Optional[float]:
+    """The loss of a model that predicts the prior over ``n`` equally likely classes/tokens."""
+    return math.log(n) if n and n >= 2 else None
 
 
-def _nonfinite_field(rec: dict) -> Optional[str]:
-    for name in ("loss", "grad_norm"):
-        if name in rec and not is_finite(rec[name]):
-            return name
-    return None
+# ---------------------------------------------------------------------------------------------
+# The current run: facts derived once, shared by the record rules
+# ---------------------------------------------------------------------------------------------
+class Run:
+    """What the records of the current attempt (after its last start record) have said."""
+
+    RECENT = 64
+
+    def __init__(self, th: Thresholds, start: Optional[dict] = None, num_labels_given: bool = False):
+        self.th = th
+        self.start = start or {}
+        self.num_labels_given = num_labels_given
+        self.steps: deque = deque(maxlen=max(self.RECENT, th.sustain, th.spike_window + th.sustain))
+        self.last_step = 0
+        self.n_steps = self.n_evals = self.unknown = 0
+        self.last_eval: Optional[dict] = None
+        self.best_eval: Optional[dict] = None
+        self.fatal: Optional[dict] = None
+        self.expect: Optional[dict] = None      # the latest announced silence, until a record follows
+        self.longest_gap = 0.0                  # s between consecutive records (record time t)
+        self._last_t: Optional[float] = None
+
+    @property
+    def task(self) -> str:
+        task = self.start.get("task")
+        return task if isinstance(task, str) and task else "classification"
+
+    @property
+    def num_labels(self) -> Optional[int]:
+        """Which class count applies: --num-labels when given, else the start record's, else
+        the default; for an LM the vocabulary; None for tasks without a chance level."""
+        if self.task == "lm":
+            return self.start.get("vocab_size") or None
+        if self.task != "classification":
+            return None
+        n = self.start.get("num_labels")
+        if not self.num_labels_given and n and n >= 2:
+            return n
+        return self.th.num_labels
+
+    @property
+    def chance(self) -> Optional[float]:
+        return chance(self.num_labels)
+
+    def chance_name(self) -> str:
+        return f"ln({self.num_labels})" + (" (vocab)" if self.task == "lm" else "")
+
+    def add(self, rec: dict, kind: Optional[str]) -> None:
+        step = rec.get("step")
+        if step is not None and step > self.last_step:
+            self.last_step = step
+        t = rec.get("t")
+        if kind in ("step", "eval", "fatal") and t is not None:
+            if self._last_t is not None and t > self._last_t and self.expect is None:
+                self.longest_gap = max(self.longest_gap, t - self._last_t)
+            self._last_t = t
+        if kind != "expect" and kind is not None:
+            self.expect = None
+        if kind == "fatal":
+            self.fatal = self.fatal or rec
+        elif kind == "expect":
+            self.expect = rec
+        elif kind == "eval":
+            self.n_evals += 1
+            self.last_eval = rec
+            auroc = rec.get("eval_auroc")
+            if is_finite(auroc) and (self.best_eval is None or auroc > self.best_eval.get("eval_auroc", -1)):
+                self.best_eval = rec
+        elif kind == "step":
+            self.n_steps += 1
+            self.steps.append(rec)
+        elif kind is None:
+            self.unknown += 1
+
+    def recent(self, name: str, n: int) -> list:
+        """The last ``n`` step records' values of ``name`` (all of them, finite or not)."""
+        return [r.get(name) for r in list(self.steps)[-n:]] if n > 0 else []
+
+    def lr_note(self) -> str:
+        lr = self.steps[-1].get("lr") if self.steps else None
+        return f" (lr = {_g(lr)})" if is_finite(lr) else ""
 
 
-def rule_nan(w: Window, th: Thresholds) -> Optional[Anomaly]:
-    rec = w.first_nonfinite
-    if rec is None:
+# ---------------------------------------------------------------------------------------------
+# Record rules: each sees every record of the run in order; the engine keeps the first hit
+# ---------------------------------------------------------------------------------------------
+class RecordRule:
+    kind = ""
+    on = ("step",)   # record kinds the rule looks at
+
+    def __init__(self, th: Thresholds, run: Run):
+        self.th, self.run = th, run
+
+    def update(self, rec: dict) -> Optional[Anomaly]:
+        raise NotImplementedError
+
+
+class Nan(RecordRule):
+    kind = "nan"
+
+    def update(self, rec):
+        for name in ("loss", "grad_norm"):
+            if name in rec and not is_finite(rec[name]):
+                v = rec[name]
+                return anomaly("nan", f"{name} = {'null' if v is None else _g(v)} is not finite", rec["step"],
+                               "Abort: lower the learning rate, check the inputs for NaN/Inf and keep "
+                               "gradient clipping on, then restart from the last good checkpoint")
         return None
-    name = _nonfinite_field(rec) or "loss"
-    value = rec.get(name)
-    shown = "null" if value is None else _g(value) if isinstance(value, (int, float)) else repr(value)
-    return _msg("nan", f"{name} = {shown} is not finite", int(rec.get("step", 0)),
-                "Abort: lower the learning rate, check the inputs for NaN/Inf and keep gradient "
-                "clipping on, then restart from the last good checkpoint")
 
 
-def rule_fatal(w: Window, th: Thresholds) -> Optional[Anomaly]:
-    rec = w.fatal
-    if rec is None:
+class Fatal(RecordRule):
+    kind = "fatal"
+    on = ("fatal",)
+
+    def update(self, rec):
+        step = rec.get("step")
+        return anomaly("fatal", f"FATAL = {rec['FATAL'][:200]!r} written",
+                       step if step is not None else self.run.last_step,
+                       "The training script stopped itself: fix the reason it gives, then relaunch")
+
+
+class InvertedLabels(RecordRule):
+    kind = "inverted_labels"
+    on = ("eval",)
+
+    def update(self, rec):
+        auroc = rec.get("eval_auroc")
+        if not is_finite(auroc) or auroc > 1 - self.th.min_auroc:
+            return None
+        return anomaly("inverted_labels", f"eval_auroc = {_g(auroc)} <= {_g(1 - self.th.min_auroc)}", rec["step"],
+                       "The model ranks the classes backwards: the labels are inverted, flip them "
+                       "(label = 1 - label) or score the other class's probability")
+
+
+class StuckAuroc(RecordRule):
+    kind = "stuck_auroc"
+    on = ("eval",)
+
+    def update(self, rec):
+        if "eval_auroc" not in rec or rec["step"] < self.th.min_auroc_step:
+            return None
+        auroc = rec["eval_auroc"]
+        if is_finite(auroc) and auroc >= self.th.min_auroc:
+            return None
+        return anomaly("stuck_auroc", f"eval_auroc = {_g(auroc)} < {_g(self.th.min_auroc)}", rec["step"],
+                       "Still near chance after the warm-up: check the label column and the text/label "
+                       "alignment (a shuffled or constant label), then the learning rate")
+
+
+def _median_finite(values) -> Optional[float]:
+    vals = [v for v in values if is_finite(v)]
+    return statistics.median(vals) if vals else None
+
+
+class ChanceLoss(RecordRule):
+    kind = "chance_loss"
+
+    def update(self, rec):
+        c, n = self.run.chance, self.th.sustain
+        losses = self.run.recent("loss", n)
+        if c is None or len(losses) < n or rec["step"] < self.th.chance_step or not all(map(is_finite, losses)):
+            return None
+        med = statistics.median(losses)
+        if abs(med - c) > self.th.chance_margin * c:
+            return None
+        return anomaly("chance_loss", f"median loss of the last {n} = {_g(med)} within {self.th.chance_margin:.0%} "
+                       f"of {self.run.chance_name()} = {c:.4g}", rec["step"],
+                       "The model predicts the prior: check that the learning rate is not 0 or tiny"
+                       f"{self.run.lr_note()}, the labels vary, and the loss sees the model's outputs")
+
+
+class _Sustained(RecordRule):
+    """A grad-norm condition held by the last --sustain step records."""
+
+    def holds(self, v: float) -> bool:
+        raise NotImplementedError
+
+    def values(self):
+        vals = self.run.recent("grad_norm", self.th.sustain)
+        if self.th.sustain < 1 or len(vals) < self.th.sustain:
+            return None
+        return vals if all(is_finite(v) and self.holds(v) for v in vals) else None
+
+
+class GradExplode(_Sustained):
+    kind = "grad_explode"
+
+    def holds(self, v):
+        return v > self.th.grad_high
+
+    def update(self, rec):
+        vals = self.values()
+        if vals is None:
+            return None
+        return anomaly("grad_explode", f"grad_norm = {_g(min(vals))} > {_g(self.th.grad_high)} for {len(vals)} records",
+                       rec["step"], f"Gradients are exploding: halve the learning rate{self.run.lr_note()} (or "
+                       "lengthen the warm-up) and keep max_grad_norm=1.0, then restart from the last checkpoint")
+
+
+class GradCollapse(_Sustained):
+    kind = "grad_collapse"
+
+    def holds(self, v):
+        return v < self.th.grad_low
+
+    def update(self, rec):
+        vals = self.values()
+        if vals is None:
+            return None
+        med = _median_finite(self.run.recent("loss", self.th.sustain))
+        if med is not None and med <= self.th.converged_loss:
+            return None  # converged, not collapsed
+        return anomaly("grad_collapse", f"grad_norm = {_g(max(vals))} < {_g(self.th.grad_low)} for {len(vals)} records",
+                       rec["step"], "Gradients vanished: check for frozen parameters, a learning rate decayed "
+                       "to 0, or saturated outputs")
+
+
+class Diverged(RecordRule):
+    """The loss far above where it was, and finite: a learning rate that is too high."""
+    kind = "diverged"
+
+    def __init__(self, th, run):
+        super().__init__(th, run)
+        self.best: Optional[float] = None   # the run's best (lowest) rolling median loss
+
+    def update(self, rec):
+        n = self.th.sustain
+        losses = self.run.recent("loss", n)
+        if len(losses) < n or not all(map(is_finite, losses)):
+            return None
+        med = statistics.median(losses)
+        if self.best is None or med < self.best:
+            self.best = med
+            return None
+        ref = max(self.run.chance or 0.0, self.best)
+        limit = self.th.diverge_factor * ref
+        if ref <= 0 or min(losses) <= limit:
+            return None
+        return anomaly("diverged", f"median loss of the last {n} = {_g(med)} > {_g(limit)} "
+                       f"({self.th.diverge_factor:g} x max(chance {_g(self.run.chance or 0.0)}, best median "
+                       f"{_g(self.best)}))", rec["step"],
+                       f"The loss diverged and stays finite: halve the learning rate{self.run.lr_note()} "
+                       "(or add warm-up and clipping) and restart from the last checkpoint before the rise")
+
+
+class LossSpike(RecordRule):
+    """A loss above --spike-factor x the rolling mean of the records before it, held for
+    --sustain records (single spikes are ignored; Megatron/OLMo-style ratio to a rolling mean)."""
+    kind = "loss_spike"
+
+    def __init__(self, th, run):
+        super().__init__(th, run)
+        self.normal: deque = deque(maxlen=max(1, th.spike_window))
+        self.held: list = []
+
+    def update(self, rec):
+        loss = rec.get("loss")
+        if not is_finite(loss):
+            return None
+        if len(self.normal) == self.normal.maxlen:
+            mean = statistics.fmean(self.normal)
+            if mean > 0 and loss > self.th.spike_factor * mean:
+                self.held.append(loss)
+                if len(self.held) >= self.th.sustain:
+                    return anomaly("loss_spike", f"loss = {_g(min(self.held))} > {self.th.spike_factor:g} x rolling "
+                                   f"mean {_g(mean)} for {len(self.held)} records", rec["step"],
+                                   f"A sustained loss spike: lower the learning rate{self.run.lr_note()}, check "
+                                   "the data around this step for a bad shard, and restart from the last "
+                                   "checkpoint before it")
+                return None
+        self.held = []
+        self.normal.append(loss)
         return None
-    return _msg("fatal", f"FATAL = {str(rec.get('FATAL'))[:200]!r} written", int(rec.get("step", w.last_step)),
-                "The training script stopped itself: fix the reason it gives, then relaunch")
 
 
-OOM_MARKERS = ("out of memory", "outofmemoryerror", "memoryerror", "std::bad_alloc",
-               "can't allocate memory", "cannot allocate memory", "oom-kill", "cublas_status_alloc_failed")
+class Overfit(RecordRule):
+    """Eval loss rising --overfit-evals times in a row while the train loss falls."""
+    kind = "overfit"
+    on = ("eval",)
+
+    def __init__(self, th, run):
+        super().__init__(th, run)
+        self.evals: deque = deque(maxlen=max(2, th.overfit_evals + 1))   # (eval_loss, train median)
+
+    def update(self, rec):
+        ev = rec.get("eval_loss")
+        if not is_finite(ev):
+            return None
+        self.evals.append((ev, _median_finite(self.run.recent("loss", self.th.sustain))))
+        n = self.th.overfit_evals
+        if n < 1 or len(self.evals) < n + 1:
+            return None
+        pts = list(self.evals)[-(n + 1):]
+        rising = all(b[0] > a[0] for a, b in zip(pts, pts[1:]))
+        train = [p[1] for p in pts]
+        falling = None not in train and train[-1] < train[0]
+        if not (rising and falling):
+            return None
+        return anomaly("overfit", f"eval_loss = {_g(pts[-1][0])} > {_g(pts[0][0])} rising for {n} evals while "
+                       f"the train loss fell {_g(train[0])} -> {_g(train[-1])}", rec["step"],
+                       "The model overfits: keep the best checkpoint, stop early, or add regularization "
+                       "(weight decay, dropout, more data)")
 
 
-def oom_line(lines) -> Optional[str]:
-    """The last line of ``lines`` that names an out-of-memory error, or None."""
-    return next((ln.strip() for ln in reversed(lines) if any(m in ln.lower() for m in OOM_MARKERS)), None)
+class Throughput(RecordRule):
+    """Median sps of the last --sustain records below the baseline floor for
+    --throughput-window seconds of record time (t). The baseline skips the warm-up."""
+    kind = "throughput"
+
+    def __init__(self, th, run):
+        super().__init__(th, run)
+        self.baseline: list = []
+        self.first_sps: list = []
+        self.since: Optional[tuple] = None   # (t, step) when the drop began
+
+    def floor(self) -> Optional[tuple]:
+        base = self.baseline or self.first_sps[1:]
+        if not base:
+            return None
+        med = statistics.median(base)
+        return med, med * (1 - self.th.throughput_drop)
+
+    def update(self, rec):
+        step, sps, t = rec["step"], rec.get("sps"), rec.get("t")
+        if step <= self.th.baseline_steps:
+            if is_finite(sps) and sps > 0:
+                (self.baseline if step > self.th.warmup_steps else self.first_sps).append(sps)
+            return None
+        f = self.floor()
+        recent = self.run.recent("sps", self.th.sustain)
+        if f is None or t is None or len(recent) < self.th.sustain or not all(map(is_finite, recent)):
+            self.since = None
+            return None
+        base, floor = f
+        med = statistics.median(recent)
+        if med >= floor:
+            self.since = None
+            return None
+        if self.since is None:
+            self.since = (t, step)
+            return None
+        held = t - self.since[0]
+        if held < self.th.throughput_window:
+            return None
+        return anomaly("throughput", f"median sps = {_g(med)} < {_g(floor)} ({self.th.throughput_drop:.0%} below the "
+                       f"baseline {_g(base)}) for {secs(held)} >= {secs(self.th.throughput_window)} since step "
+                       f"{self.since[1]}", step,
+                       "Throughput collapsed: check nvidia-smi for another process or thermal throttling, "
+                       "a starved dataloader (num_workers), or swapping")
+
+
+RECORD_RULES = (Nan, Fatal, Diverged, LossSpike, InvertedLabels, StuckAuroc, ChanceLoss, GradExplode,
+                GradCollapse, Overfit, Throughput)
+WARNING_ONLY = ("overfit",)   # kinds that are a check-in warning unless their alarm flag is set
+
+
+class RecordRules:
+    """Every record rule over the current run. ``add(rec)`` folds one record; a start record
+    begins a new run (attempt) and forgets the old one's findings: its FATAL is history."""
+
+    def __init__(self, th: Thresholds = Thresholds(), num_labels_given: bool = False):
+        self.th, self.num_labels_given = th, num_labels_given
+        self.starts = 0
+        self._new(None)
+
+    def _new(self, start: Optional[dict]) -> None:
+        self.run = Run(self.th, start, self.num_labels_given)
+        self.rules = [cls(self.th, self.run) for cls in RECORD_RULES]
+        self.hits: dict = {}
+
+    def add(self, rec: dict) -> None:
+        kind = kind_of(rec)
+        if kind == "start":
+            self.starts += 1
+            self._new(rec)
+            return
+        self.run.add(rec, kind)
+        for rule in self.rules:
+            if kind in rule.on and rule.kind not in self.hits:
+                found = rule.update(rec)
+                if found is not None:
+                    self.hits[rule.kind] = found
+
+    def findings(self) -> dict:
+        """kind -> first hit, warnings left out unless their alarm flag is on."""
+        return {k: a for k, a in self.hits.items() if k not in WARNING_ONLY or self.th.overfit_alarm}
+
+    def warnings(self) -> list:
+        return [a for k, a in self.hits.items() if k in WARNING_ONLY and not self.th.overfit_alarm]
+
+
+# ---------------------------------------------------------------------------------------------
+# Process rules: pure functions of one poll
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Process:
+    """One watched process as a probe saw it. state: running|sleeping|stopped|zombie|gone|..."""
+
+    pid: int
+    state: str
+    why: str = ""    # how the watchdog knows it: "--pid", "start record", "writes train.log"
+
+    @property
+    def alive(self) -> bool:
+        return self.state not in ("gone", "zombie", "dead")
+
+
+@dataclass(frozen=True)
+class Window:
+    """What one poll knows besides the records. Built by ``watch.py``; the rules only read it."""
+
+    now: float                       # wall clock, s
+    started: float                   # when the run began (its oldest process), else watching began
+    watch_started: float             # when the watchdog itself started
+    last_step: int = 0
+    has_steps: bool = False          # a step record (or FATAL/NaN) of the current run exists
+    metrics_mtime: Optional[float] = None
+    quiet_since: Optional[float] = None  # the later of the last metrics write and the newest run process's birth
+    stall_after: float = 360.0       # s of silence that is a stall now (learned, announced or --max-stall)
+    stall_why: str = ""              # how stall_after was set
+    processes: tuple = ()            # Process, one per run process seen
+    died_for: float = 0.0            # s since the first run process went while others live
+    orphan: bool = False             # no run process is known, yet train.log or metrics.jsonl exists
+    orphan_for: float = 0.0          # s it has been so
+    log_tail: tuple = ()             # filtered last lines of the log (read once something died)
+    blind: str = ""                  # why the watchdog cannot see the run, '' when it can
+    gpu_util: Optional[float] = None # max utilization of the run's GPUs, %; None: no GPU
+    gpu_idle_for: float = 0.0        # s the run's GPUs have been under the idle floor
+
+
+def _died(w: Window, th: Thresholds) -> bool:
+    gone = [p for p in w.processes if not p.alive]
+    if not w.processes:
+        return w.orphan and w.orphan_for >= th.orphan_grace
+    if not gone:
+        return False
+    return len(gone) == len(w.processes) or w.died_for > th.rank_grace
+
+
+def rule_blind(w: Window, th: Thresholds) -> Optional[Anomaly]:
+    if not w.blind:
+        return None
+    return anomaly("blind", f"read error = {w.blind!r}", w.last_step,
+                   "The watchdog cannot see the run: fix the file's permissions or type (it must be a "
+                   "regular file), then restart the watchdog")
 
 
 def rule_oom(w: Window, th: Thresholds) -> Optional[Anomaly]:
-    line = oom_line(w.log_tail) if _died(w) else None
+    line = oom_line(w.log_tail) if _died(w, th) else None
     if line is None:
         return None
-    return _msg("oom", f"log line = {line[:160]!r} after the process died", w.last_step,
-                "Out of memory: halve the per-device batch size (keep the effective batch with "
-                "gradient accumulation) or shorten the sequence length, then relaunch")
-
-
-def last_error(lines) -> Optional[str]:
-    """The last line of the last traceback in ``lines``, or None."""
-    lines = [ln.rstrip() for ln in lines]
-    starts = [i for i, ln in enumerate(lines) if ln.startswith("Traceback (most recent call last)")]
-    if not starts:
-        return None
-    body = [ln for ln in lines[starts[-1] + 1:] if ln.strip()]
-    for ln in reversed(body):
-        if not ln.startswith((" ", "\t")) and not ln.startswith("Traceback"):
-            return ln.strip()
-    return body[-1].strip() if body else None
+    return anomaly("oom", f"log line = {line[:160]!r} after the process died", w.last_step,
+                   "Out of memory: halve the per-device batch size (keep the effective batch with "
+                   "gradient accumulation) or shorten the sequence length, then relaunch")
 
 
 def rule_crash(w: Window, th: Thresholds) -> Optional[Anomaly]:
-    if not _died(w):
-        return None
-    err = last_error(w.log_tail)
+    err = last_error(w.log_tail) if _died(w, th) else None
     if err is None:
         return None
-    return _msg("crash", f"last traceback line = {err[:200]!r} after the process died", w.last_step,
-                "Fix that error (checkin.py shows the log tail), then relaunch from the last checkpoint")
+    return anomaly("crash", f"last traceback line = {err[:200]!r} after the process died", w.last_step,
+                   "Fix that error (checkin.py shows the log tail), then relaunch from the last checkpoint")
 
 
 def rule_dead(w: Window, th: Thresholds) -> Optional[Anomaly]:
-    gone = [p for p in w.processes if not p.alive]
-    if not gone:
+    if not _died(w, th):
         return None
-    p = gone[0]
-    return _msg("dead", f"pid {p.pid} = {p.state} != alive with no sentinel", w.last_step,
-                "The trainer exited without writing its sentinel: read the end of train.log through "
-                "checkin.py, then relaunch from the last checkpoint")
+    gone = [p for p in w.processes if not p.alive]
+    what = (f"pid {gone[0].pid} ({gone[0].why}) = {gone[0].state} != alive with no sentinel" if gone else
+            f"live processes writing train.log = 0 for {secs(w.orphan_for)} > {secs(th.orphan_grace)} with no sentinel")
+    return anomaly("dead", what, w.last_step,
+                   "The trainer exited without writing its sentinel: read the end of train.log through "
+                   "checkin.py, then relaunch from the last checkpoint")
 
 
 def rule_stall(w: Window, th: Thresholds) -> Optional[Anomaly]:
     stopped = [p for p in w.processes if p.state == "stopped"]
     if stopped:
         p = stopped[0]
-        return _msg("stall", f"pid {p.pid} state = stopped != running", w.last_step,
-                    f"The process is suspended (SIGSTOP or Ctrl-Z): resume it with kill -CONT {p.pid}, "
-                    "or kill it and relaunch")
-    if not w.steps or w.metrics_mtime is None or _died(w):
+        return anomaly("stall", f"pid {p.pid} state = stopped != running", w.last_step,
+                       f"The process is suspended (SIGSTOP or Ctrl-Z): resume it with kill -CONT {p.pid}, "
+                       "or kill it and relaunch")
+    if not w.has_steps or w.quiet_since is None or _died(w, th) or not any(p.alive for p in w.processes):
         return None
-    age = w.now - max(w.metrics_mtime, w.watch_started)
-    if age <= th.max_stall:
+    age = w.now - w.quiet_since
+    if age <= w.stall_after:
         return None
-    return _msg("stall", f"metrics age = {_secs(age)} > {_secs(th.max_stall)}", w.last_step,
-                "The process lives but writes nothing: py-spy dump --pid PID shows where it hangs "
-                "(a dataloader worker, a collective, a lock); kill it and relaunch")
+    pid = next(p.pid for p in w.processes if p.alive)
+    return anomaly("stall", f"metrics age = {secs(age)} > {secs(w.stall_after)}{w.stall_why}", w.last_step,
+                   f"The process lives but writes nothing: py-spy dump --pid {pid} shows where it hangs "
+                   "(a dataloader worker, a collective, a lock); kill it and relaunch")
 
 
 def rule_no_telemetry(w: Window, th: Thresholds) -> Optional[Anomaly]:
-    if w.steps or w.fatal or w.first_nonfinite:
+    if w.has_steps:
         return None
     waited = w.now - w.started
     if waited <= th.startup_grace:
         return None
-    return _msg("no_telemetry", f"time without a step record = {_secs(waited)} > {_secs(th.startup_grace)}",
-                w.last_step, "No step record yet: check that the script writes RUN_DIR/metrics.jsonl "
-                "(the --out folder) and read train.log through checkin.py")
-
-
-def rule_inverted_labels(w: Window, th: Thresholds) -> Optional[Anomaly]:
-    rec = w.first_inverted
-    if rec is None:
-        return None
-    return _msg("inverted_labels", f"eval_auroc = {_g(rec['eval_auroc'])} <= {_g(1 - th.min_auroc)}",
-                int(rec.get("step", 0)), "The model ranks the classes backwards: the labels are "
-                "inverted, flip them (label = 1 - label) or score the other class's probability")
-
-
-def rule_stuck_auroc(w: Window, th: Thresholds) -> Optional[Anomaly]:
-    rec = w.last_eval
-    if rec is None or int(rec.get("step", 0)) < th.min_auroc_step:
-        return None
-    auroc = rec.get("eval_auroc")
-    if is_finite(auroc) and auroc >= th.min_auroc:
-        return None
-    return _msg("stuck_auroc", f"eval_auroc = {_g(auroc)} < {_g(th.min_auroc)}", int(rec["step"]),
-                "Still near chance after the warm-up: check the label column and the text/label "
-                "alignment (a shuffled or constant label), then the learning rate")
-
-
-def rule_chance_loss(w: Window, th: Thresholds) -> Optional[Anomaly]:
-    recent = [r for r in w.steps[-th.sustain:] if is_finite(r.get("loss"))]
-    if len(recent) < th.sustain or int(recent[-1].get("step", 0)) < th.chance_step:
-        return None
-    chance = math.log(max(w.num_labels, 2))
-    med = statistics.median(r["loss"] for r in recent)
-    if abs(med - chance) > th.chance_margin * chance:
-        return None
-    return _msg("chance_loss", f"median loss of the last {len(recent)} = {_g(med)} within "
-                f"{th.chance_margin:.0%} of ln({w.num_labels}) = {chance:.4g}", int(recent[-1]["step"]),
-                "The model predicts the prior: check that the learning rate is not 0 or tiny, the "
-                "labels vary, and the loss sees the model's outputs")
-
-
-def _sustained(w: Window, th: Thresholds, test: Callable[[float], bool]) -> Optional[list]:
-    recent = w.steps[-th.sustain:]
-    if len(recent) < th.sustain or th.sustain < 1:
-        return None
-    values = [r.get("grad_norm") for r in recent]
-    if all(is_finite(v) and test(v) for v in values):
-        return values
-    return None
-
-
-def rule_grad_explode(w: Window, th: Thresholds) -> Optional[Anomaly]:
-    values = _sustained(w, th, lambda v: v > th.grad_high)
-    if values is None:
-        return None
-    return _msg("grad_explode", f"grad_norm = {_g(min(values))} > {_g(th.grad_high)} for "
-                f"{len(values)} records", int(w.steps[-1]["step"]),
-                "Gradients are exploding: lower the learning rate (or lengthen the warm-up) and "
-                "keep max_grad_norm=1.0, then restart from the last checkpoint")
-
-
-def rule_grad_collapse(w: Window, th: Thresholds) -> Optional[Anomaly]:
-    values = _sustained(w, th, lambda v: v < th.grad_low)
-    if values is None:
-        return None
-    losses = [r["loss"] for r in w.steps[-th.sustain:] if is_finite(r.get("loss"))]
-    if losses and statistics.median(losses) <= th.converged_loss:
-        return None  # converged, not collapsed
-    return _msg("grad_collapse", f"grad_norm = {_g(max(values))} < {_g(th.grad_low)} for "
-                f"{len(values)} records", int(w.steps[-1]["step"]),
-                "Gradients vanished: check for frozen parameters, a learning rate decayed to 0, "
-                "or saturated outputs")
-
-
-def rule_throughput(w: Window, th: Thresholds) -> Optional[Anomaly]:
-    recent = w.steps[-th.sustain:]
-    if len(recent) < th.sustain or not w.baseline_sps:
-        return None
-    if int(recent[0].get("step", 0)) <= th.baseline_steps:
-        return None
-    sps = [r.get("sps") for r in recent]
-    if not all(is_finite(v) for v in sps):
-        return None
-    base = statistics.median(w.baseline_sps)
-    floor = base * (1 - th.throughput_drop)
-    med = statistics.median(sps)
-    if base <= 0 or med >= floor:
-        return None
-    return _msg("throughput", f"median sps of the last {len(sps)} = {_g(med)} < {_g(floor)} "
-                f"({th.throughput_drop:.0%} below the baseline {_g(base)})", int(recent[-1]["step"]),
-                "Throughput collapsed: check nvidia-smi for another process or thermal throttling, "
-                "a starved dataloader (num_workers), or swapping")
+    return anomaly("no_telemetry", f"time without a step record = {secs(waited)} > {secs(th.startup_grace)}",
+                   w.last_step, "No step record yet: check that the script writes RUN_DIR/metrics.jsonl "
+                   "(the --out folder) and read train.log through checkin.py")
 
 
 def rule_gpu_idle(w: Window, th: Thresholds) -> Optional[Anomaly]:
-    if w.gpu_util is None or _died(w) or not w.processes:
+    if w.gpu_util is None or _died(w, th) or not any(p.alive for p in w.processes):
         return None
     if w.now - w.started <= th.startup_grace or w.gpu_idle_for <= th.gpu_idle:
         return None
-    return _msg("gpu_idle", f"GPU utilization = {w.gpu_util:.0f}% < {th.gpu_idle_util:g}% for "
-                f"{_secs(w.gpu_idle_for)} > {_secs(th.gpu_idle)}", w.last_step,
-                "The process lives but the GPU does nothing: a CPU-bound dataloader, a hang in a "
-                "collective, or the model on the CPU; py-spy dump --pid PID shows which")
+    pid = next(p.pid for p in w.processes if p.alive)
+    return anomaly("gpu_idle", f"GPU utilization = {w.gpu_util:.0f}% < {th.gpu_idle_util:g}% for "
+                   f"{secs(w.gpu_idle_for)} > {secs(th.gpu_idle)}", w.last_step,
+                   "The process lives but the GPU does nothing: a CPU-bound dataloader, a hang in a "
+                   f"collective, or the model on the CPU; py-spy dump --pid {pid} shows which")
 
 
 def rule_timeout(w: Window, th: Thresholds) -> Optional[Anomaly]:
     ran = w.now - w.watch_started
     if ran <= th.hard_timeout:
         return None
-    return _msg("timeout", f"wall time = {_secs(ran)} > {_secs(th.hard_timeout)}", w.last_step,
-                "The run outlived its window: stop it, keep the best checkpoint, and bench again "
-                "before relaunching a shorter run")
+    return anomaly("timeout", f"wall time = {secs(ran)} > {secs(th.hard_timeout)}", w.last_step,
+                   "The run outlived its window: stop it, keep the best checkpoint, and bench again "
+                   "before relaunching a shorter run")
 
 
-RULES = {kind: globals()[f"rule_{kind}"] for kind in KINDS if f"rule_{kind}" in globals()}
+WINDOW_RULES = {kind: globals()[f"rule_{kind}"] for kind in KINDS if f"rule_{kind}" in globals()}
 
 
-def evaluate(w: Window, th: Thresholds, latched: Optional[dict] = None) -> Optional[Anomaly]:
-    """The most specific anomaly that holds, or None. ``latched`` holds the findings of the
-    record kinds (stuck_auroc, chance_loss, grad_*, throughput) made on the window ending at each
-    new record, so they carry the first step that held whatever the poll interval."""
+def evaluate(w: Window, th: Thresholds, findings: Optional[dict] = None, extra: Optional[dict] = None) -> Optional[Anomaly]:
+    """The most specific anomaly that holds, or None. ``findings`` are the record rules' first
+    hits; ``extra`` holds anomalies other probes found this poll (ranks, Slurm), by kind."""
     for kind in KINDS:
-        rule = RULES.get(kind)
-        found = (latched or {}).get(kind) or (rule(w, th) if rule else None)
+        found = (findings or {}).get(kind) or (extra or {}).get(kind)
+        if found is None and kind in WINDOW_RULES:
+            found = WINDOW_RULES[kind](w, th)
         if found is not None:
             return found
     return None

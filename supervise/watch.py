@@ -1,21 +1,19 @@
-"""The watchdog's poll loop: read new lines -> rules -> probes -> verdict -> exit code.
+"""The verdict engine and the watchdog's poll loop: read new lines -> rules -> probes -> verdict.
 
-``python scripts/watchdog.py RUN_DIR`` exits 0 with ``OK done: ...`` when the completion
-sentinel appears, 7 with ``ANOMALY <kind>: ...`` the first poll an anomaly holds, 2 on bad
-usage. Nothing else is printed per poll: the agent reads this output when the job ends.
-Each poll also writes ``RUN_DIR/watchdog.json`` atomically.
+``python scripts/watchdog.py RUN_DIR`` exits 0 with ``OK done: ...`` when the current run's
+completion sentinel appears, 7 with ``ANOMALY <kind>: ...`` the first poll an anomaly holds, 2 on
+bad usage. Nothing else is printed per poll: the agent reads this output when the job ends.
+Each poll also writes ``RUN_DIR/watchdog.json`` atomically. Check-in, smoke and plot call
+``assess(run_dir)``: the same engine, one poll, so every tool gives the same verdict.
 """
 from __future__ import annotations
 
 import dataclasses
-import math
-import statistics
 import os
 import signal
 import sys
 import time
-from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -23,106 +21,10 @@ from . import registry
 from .cli import EXIT_ANOMALY, EXIT_OK, EXIT_USAGE, Parser, count, duration, fraction, positive_float, \
     positive_int, run_dir_arg
 from .contract import LOG, METRICS, SENTINEL, WATCHDOG_STATE, TailReader, atomic_write_json, is_finite, \
-    is_number, kind_of, read_json
+    is_number, read_json, why_unreadable
 from .logs import log_tail
-from .probes import GpuReport, Nvml, ProcessWatch
-from .rules import RULES, Anomaly, Thresholds, Window, evaluate
-
-RECENT = 64          # step records kept for the rules (>= --sustain is all they need)
-BASELINE_MAX = 10000 # sps values kept for the throughput baseline
-
-
-class RunState:
-    """What the metrics file has said so far, folded record by record into bounded state.
-    Record-kind rules run on the window ending at each new record and latch their first hit."""
-
-    def __init__(self, th: Thresholds = Thresholds(), num_labels_given: bool = False):
-        self.th = th
-        self.num_labels_given = num_labels_given
-        self.start: Optional[dict] = None
-        self.steps: deque = deque(maxlen=max(RECENT, th.sustain))
-        self.baseline_sps: list = []
-        self.last_eval: Optional[dict] = None
-        self.best_eval: Optional[dict] = None
-        self.first_inverted: Optional[dict] = None
-        self.first_nonfinite: Optional[dict] = None
-        self.fatal: Optional[dict] = None
-        self.latched: dict = {}
-        self._base: Optional[float] = None  # the throughput baseline, once it is complete
-        self.last_step = 0
-        self.n_steps = self.n_evals = self.unknown = 0
-
-    @property
-    def num_labels(self) -> int:
-        n = (self.start or {}).get("num_labels")
-        if not self.num_labels_given and is_number(n) and n >= 2:
-            return int(n)
-        return self.th.num_labels
-
-    def add(self, rec: dict) -> None:
-        kind = kind_of(rec)
-        step = rec.get("step")
-        if is_number(step) and step > self.last_step:
-            self.last_step = int(step)
-        if kind == "start":
-            self.start = rec
-        elif kind == "fatal":
-            self.fatal = self.fatal or rec
-        elif kind == "eval":
-            self.n_evals += 1
-            self.last_eval = rec
-            auroc = rec.get("eval_auroc")
-            if is_finite(auroc):
-                if self.best_eval is None or auroc > self.best_eval["eval_auroc"]:
-                    self.best_eval = rec
-                if self.first_inverted is None and auroc <= 1 - self.th.min_auroc:
-                    self.first_inverted = rec
-            self._latch(("stuck_auroc",))
-        elif kind == "step":
-            self.n_steps += 1
-            self.steps.append(rec)
-            if self.first_nonfinite is None and (
-                    not is_finite(rec.get("loss")) or ("grad_norm" in rec and not is_finite(rec["grad_norm"]))):
-                self.first_nonfinite = rec
-            sps = rec.get("sps")
-            if (is_number(step) and step <= self.th.baseline_steps and is_finite(sps)
-                    and len(self.baseline_sps) < BASELINE_MAX):
-                self.baseline_sps.append(float(sps))
-            if len(self.steps) >= self.th.sustain:
-                self._latch(self._could_hold(rec))
-        else:
-            self.unknown += 1
-
-    def _could_hold(self, rec: dict) -> tuple:
-        """Record kinds whose condition the newest record meets: a sustained condition must hold
-        on it, so most records cost a few comparisons and no rule call."""
-        th, out = self.th, []
-        grad, loss, sps, step = rec.get("grad_norm"), rec.get("loss"), rec.get("sps"), rec.get("step", 0)
-        if is_finite(grad) and (grad > th.grad_high or grad < th.grad_low):
-            out += ["grad_explode", "grad_collapse"]
-        if is_finite(loss) and is_number(step) and step >= th.chance_step:
-            chance = math.log(max(self.num_labels, 2))
-            if abs(loss - chance) <= th.chance_margin * chance * 4:
-                out.append("chance_loss")
-        if is_finite(sps) and self.baseline_sps and is_number(step) and step > th.baseline_steps:
-            if self._base is None:
-                self._base = statistics.median(self.baseline_sps)
-            if sps < self._base * (1 - th.throughput_drop):
-                out.append("throughput")
-        return tuple(out)
-
-    def _latch(self, kinds) -> None:
-        todo = [k for k in kinds if k not in self.latched]
-        if not todo:
-            return
-        n = self.th.sustain
-        w = Window(now=0.0, started=0.0, watch_started=0.0,
-                   steps=tuple(self.steps)[-n:] if n else (), baseline_sps=tuple(self.baseline_sps),
-                   last_eval=self.last_eval, last_step=self.last_step, num_labels=self.num_labels)
-        for k in todo:
-            found = RULES[k](w, self.th)
-            if found is not None:
-                self.latched[k] = found
+from .probes import GpuReport, Nvml, ProcessWatch, log_writers
+from .rules import Anomaly, Process, RecordRules, Thresholds, Window, evaluate, secs
 
 
 @dataclass
@@ -136,12 +38,67 @@ class Verdict:
         return EXIT_ANOMALY if self.state == "anomaly" else EXIT_OK
 
 
+def _typed(value, kind, default=None):
+    """``value`` when it is a ``kind`` (bool never counts as a number), else ``default``."""
+    if kind in (int, float):
+        return value if is_number(value) and (kind is float or float(value).is_integer()) else default
+    return value if isinstance(value, kind) else default
+
+
+@dataclass
+class WatchState:
+    """What ``watchdog.json`` holds: written atomically each poll, read by check-in."""
+
+    run_dir: str = ""
+    watchdog_pid: Optional[int] = None
+    started: Optional[float] = None
+    last_poll: Optional[float] = None
+    polls: int = 0
+    poll_interval: Optional[float] = None
+    state: str = "watching"
+    kind: Optional[str] = None
+    message: Optional[str] = None
+    step: int = 0
+    total_steps: Optional[int] = None
+    run_id: Optional[str] = None
+    attempt: Optional[int] = None
+    records: dict = field(default_factory=dict)
+    pids: list = field(default_factory=list)
+    gpu: object = None
+    warnings: list = field(default_factory=list)
+    thresholds: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, obj) -> Optional["WatchState"]:
+        """A watchdog.json as read from disk; None when it is not an object. Wrong-typed
+        fields take their defaults: the file is input, not trusted."""
+        if not isinstance(obj, dict):
+            return None
+        types = {"run_dir": str, "watchdog_pid": int, "started": float, "last_poll": float, "polls": int,
+                 "poll_interval": float, "state": str, "kind": str, "message": str, "step": int,
+                 "total_steps": int, "run_id": str, "attempt": int, "records": dict, "pids": list,
+                 "warnings": list, "thresholds": dict}
+        out = cls()
+        for name, kind in types.items():
+            default = getattr(out, name)
+            setattr(out, name, _typed(obj.get(name), kind, default))
+        out.gpu = obj.get("gpu") if isinstance(obj.get("gpu"), (str, list)) else None
+        out.pids = [p for p in out.pids if isinstance(p, dict)]
+        out.warnings = [w for w in out.warnings if isinstance(w, str)]
+        return out
+
+
 class Watcher:
-    """One poll at a time over one run directory. ``gpu`` is any object with ``read() ->
-    GpuReport`` (NVML by default; tests inject one)."""
+    """The engine: one poll at a time over one run directory. ``gpu`` is any object with
+    ``read() -> GpuReport`` (NVML by default; tests inject one). ``one_shot`` is check-in's
+    mode: a single poll, judged from what the files and processes say now."""
 
     def __init__(self, run_dir, thresholds: Thresholds = Thresholds(), pids=(), log=None,
-                 sentinel: str = SENTINEL, gpu=None, num_labels_given: bool = False, clock=time.time):
+                 sentinel: str = SENTINEL, gpu=None, num_labels_given: bool = False, clock=time.time,
+                 one_shot: bool = False):
         self.run_dir = Path(run_dir)
         self.th = thresholds
         self.explicit_pids = tuple(pids)
@@ -149,42 +106,95 @@ class Watcher:
         self.sentinel = self.run_dir / sentinel
         self.metrics = self.run_dir / METRICS
         self.reader = TailReader(str(self.metrics))
-        self.state = RunState(thresholds, num_labels_given)
+        self.rules = RecordRules(thresholds, num_labels_given)
         self.gpu = gpu
         self.clock = clock
+        self.one_shot = one_shot
         self.watch_started = clock()
         self.procs = ProcessWatch()
+        self.known: dict = {}            # pid -> why it is a run process
+        self.gone_since: Optional[float] = None
+        self.orphan_since: Optional[float] = None
         self.polls = 0
         self.idle_since: Optional[float] = None
         self.gpu_note = ""
         self.last_procs: list = []
         self.last_gpu: Optional[GpuReport] = None
+        self.save_error = ""
         self.verdict = Verdict("watching")
 
+    # -- the run's identity and processes ---------------------------------------------------
     @property
-    def pids(self) -> tuple:
-        if self.explicit_pids:
-            return self.explicit_pids
-        pid = (self.state.start or {}).get("pid")
-        return (int(pid),) if is_number(pid) and pid > 0 else ()
+    def run(self):
+        return self.rules.run
 
-    def _done(self) -> Verdict:
+    @property
+    def start(self) -> dict:
+        return self.run.start
+
+    def _discover(self) -> None:
+        """Add every process of the run not yet known: --pid, the start record's pid, and the
+        roots among the processes writing train.log (a dataloader worker or a torchrun worker is
+        a child: its own exit is no verdict; the root's is)."""
+        for pid in self.explicit_pids:
+            self.known.setdefault(pid, "--pid")
+        pid = self.start.get("pid")
+        if pid and pid not in self.known:
+            self.known[pid] = "start record"
+        if self.explicit_pids:
+            return
+        writers = log_writers(self.log, exclude=(os.getpid(),))
+        for pid, ppid in writers.items():
+            if ppid not in writers and pid not in self.known:
+                self.known[pid] = "writes train.log"
+
+    def _forget_stale(self) -> None:
+        """A new attempt began (a new start record): the processes of the old one are history."""
+        keep = {p: why for p, why in self.known.items() if why in ("--pid",)}
+        self.known, self.gone_since, self.orphan_since = keep, None, None
+        self.procs = ProcessWatch()
+
+    # -- the sentinel ------------------------------------------------------------------------
+    def _sentinel(self, procs) -> Optional[dict]:
+        """The sentinel's content when it completes the current run, else None. A file still
+        being written (empty, not a JSON object) is not yet a sentinel; one with another run's
+        run_id, or older than the records or processes of the current run, is history."""
+        try:
+            mtime = os.stat(self.sentinel).st_mtime
+        except OSError:
+            return None
         final = read_json(self.sentinel)
-        facts = ""
-        if isinstance(final, dict):
-            nums = [(k, v) for k, v in final.items() if is_number(v)][:6]
-            facts = "; " + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in nums)
-        total = (self.state.start or {}).get("total_steps")
-        of = f"/{total}" if is_number(total) else ""
+        if not isinstance(final, dict):
+            return None
+        rid, sid = self.start.get("run_id"), final.get("run_id")
+        if rid and sid:
+            return final if rid == sid else None
+        if self.start.get("time") and self.start["time"] > mtime + 1:
+            return None
+        try:
+            if os.stat(self.metrics).st_mtime > mtime + 2:
+                return None  # records were written after it: a relaunch into an old folder
+        except OSError:
+            pass
+        if any(p.alive and p.create_time and p.create_time > mtime + 1 for p in procs):
+            return None  # a live trainer started after it
+        if (not self.one_shot and mtime < self.watch_started and not self.known
+                and self.clock() - self.watch_started < self.th.orphan_grace):
+            return None  # an old sentinel and no trainer yet: wait a moment for a relaunch to show
+        return final
+
+    def _done(self, final: dict) -> Verdict:
+        nums = [(k, v) for k, v in final.items() if is_number(v) and k not in ("attempt",)][:6]
+        facts = "; " + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in nums) if nums else ""
+        total = self.start.get("total_steps")
+        of = f"/{total}" if total else ""
+        attempt = f" (attempt {self.start['attempt']})" if self.start.get("attempt") else ""
         ran = self.clock() - self.watch_started
-        return Verdict("done", f"OK done: {self.sentinel.name} written at step {self.state.last_step}{of} "
+        return Verdict("done", f"OK done: {self.sentinel.name} written at step {self.run.last_step}{of}{attempt} "
                                f"after {ran:.0f}s of watching{facts}")
 
-    def _started(self) -> float:
-        births = [b for b in self.procs.birth.values() if b]
-        return min([self.watch_started] + births)
-
-    def _gpu(self, now: float, alive: bool) -> Optional[float]:
+    # -- one poll ----------------------------------------------------------------------------
+    def _gpu(self, now: float, alive: bool, pids) -> Optional[float]:
         if self.gpu is None:
             self.gpu = Nvml()
         report = self.gpu.read()
@@ -193,40 +203,73 @@ class Watcher:
             self.gpu_note = f"{report.note}; gpu_idle is off"
             self.idle_since = None
             return None
-        util = max(g.util for g in report.for_pids(self.pids))
+        util = max(g.util for g in report.for_pids(pids))
         if alive and util < self.th.gpu_idle_util:
             self.idle_since = self.idle_since if self.idle_since is not None else now
         else:
             self.idle_since = None
         return util
 
+    def _stall_after(self) -> tuple:
+        """(seconds of silence that are a stall now, why). Learned once the run has shown its
+        rhythm; an announced silence (an expect record) extends it."""
+        th, run = self.th, self.run
+        after, why = th.max_stall, ""
+        shown = run.n_steps >= 20 and (run.n_evals >= 1 or run.n_steps >= 100)
+        if th.stall_factor > 0 and run.longest_gap > 0 and shown:
+            learned = max(th.min_stall, th.stall_factor * run.longest_gap)
+            if learned < after:
+                after, why = learned, f" (learned: {th.stall_factor:g} x the longest gap {secs(run.longest_gap)})"
+        if run.expect is not None:
+            announced = run.expect["seconds"] + th.min_stall
+            if announced > after:
+                after, why = announced, f" (announced: {run.expect.get('why') or 'a pause'} of {secs(run.expect['seconds'])})"
+        return after, why
+
     def poll(self) -> Verdict:
         self.polls += 1
-        done = self.sentinel.exists()  # first: a run that wrote it is done, whatever follows
+        starts = self.rules.starts
         for rec in self.reader.records():
-            self.state.add(rec)
-        if done:
-            return self._finish(self._done())
+            self.rules.add(rec)
+        if self.rules.starts != starts and self.polls > 1:
+            self._forget_stale()
         now = self.clock()
-        infos = [self.procs.read(pid) for pid in self.pids]
+        self._discover()
+        infos = [self.procs.read(pid) for pid in self.known]
         self.last_procs = infos
-        died = any(not p.alive for p in infos)
-        if died and self.sentinel.exists():  # wrote its sentinel, then exited: done, never dead
-            return self._finish(self._done())
+        final = self._sentinel(infos)
+        if final is not None:
+            return self._finish(self._done(final))
+        procs = tuple(Process(p.pid, p.state, self.known.get(p.pid, "")) for p in infos)
+        alive = [p for p in procs if p.alive]
+        gone = [p for p in procs if not p.alive]
+        self.gone_since = (self.gone_since or now) if gone else None
+        evidence = bool(self.run.n_steps or self.run.fatal) or self.log.exists()
+        orphan = not procs and evidence
+        self.orphan_since = (self.orphan_since or now) if orphan else None
         try:
             mtime = os.stat(self.metrics).st_mtime
         except OSError:
             mtime = None
-        util = self._gpu(now, bool(infos) and not died)
-        s = self.state
+        births = [p.create_time for p in infos if p.alive and p.create_time]
+        quiet = max([t for t in (mtime, max(births, default=None)) if t is not None], default=None)
+        started = min([self.watch_started] + births) if not self.one_shot or births else now
+        if self.start.get("time") and not births:
+            started = min(started, self.start["time"])
+        stall_after, stall_why = self._stall_after()
+        util = self._gpu(now, bool(alive), tuple(self.known))
+        run = self.run
+        died = bool(gone) or orphan
+        blind = self.reader.error or why_unreadable(self.log)
         window = Window(
-            now=now, started=self._started(), watch_started=self.watch_started,
-            steps=tuple(s.steps), baseline_sps=tuple(s.baseline_sps), last_eval=s.last_eval,
-            first_inverted=s.first_inverted, first_nonfinite=s.first_nonfinite, fatal=s.fatal,
-            last_step=s.last_step, metrics_mtime=mtime, processes=tuple(p.as_rule() for p in infos),
-            log_tail=tuple(log_tail(self.log)) if died else (), num_labels=s.num_labels,
+            now=now, started=started, watch_started=self.watch_started, last_step=run.last_step,
+            has_steps=bool(run.n_steps or run.fatal or self.rules.hits.get("nan")),
+            metrics_mtime=mtime, quiet_since=quiet, stall_after=stall_after, stall_why=stall_why,
+            processes=procs, died_for=(now - self.gone_since) if gone and alive else 0.0,
+            orphan_for=(now - self.orphan_since) if orphan else 0.0, orphan=orphan,
+            log_tail=tuple(log_tail(self.log)) if died else (), blind=blind,
             gpu_util=util, gpu_idle_for=(now - self.idle_since) if self.idle_since is not None else 0.0)
-        found = evaluate(window, self.th, s.latched)
+        found = evaluate(window, self.th, self.rules.findings())
         if found is not None:
             return self._finish(Verdict("anomaly", found.message, found))
         self.verdict = Verdict("watching")
@@ -240,48 +283,70 @@ class Watcher:
 
     def stop(self, signame: str) -> Verdict:
         v = Verdict("stopped", f"STOPPED: watchdog ended by {signame} after {self.polls} polls; "
-                               f"no anomaly seen up to step {self.state.last_step}")
+                               f"no anomaly seen up to step {self.run.last_step}")
         return self._finish(v)
 
-    def snapshot(self) -> dict:
-        s, r = self.state, self.reader
+    def snapshot(self) -> WatchState:
+        r, run = self.reader, self.run
         a = self.verdict.anomaly
-        return {
-            "run_dir": str(self.run_dir.resolve()), "watchdog_pid": os.getpid(),
-            "started": self.watch_started, "last_poll": self.clock(), "polls": self.polls,
-            "poll_interval": self.th.poll, "state": self.verdict.state, "kind": a.kind if a else None,
-            "message": self.verdict.line or None, "step": s.last_step,
-            "total_steps": (s.start or {}).get("total_steps"),
-            "records": {"lines": r.lines, "steps": s.n_steps, "evals": s.n_evals, "bad_lines": r.bad_lines,
-                        "last_bad": r.last_bad or None, "unknown": s.unknown, "resets": r.resets,
-                        "torn_tail": r.torn, "bytes_read": r.bytes_read},
-            "pids": [{"pid": p.pid, "state": p.state} for p in self.last_procs],
-            "gpu": self.gpu_note or [g.line() for g in (self.last_gpu.gpus if self.last_gpu else [])],
-            "thresholds": dataclasses.asdict(self.th),
-        }
+        return WatchState(
+            run_dir=str(self.run_dir.resolve()), watchdog_pid=os.getpid(), started=self.watch_started,
+            last_poll=self.clock(), polls=self.polls, poll_interval=self.th.poll, state=self.verdict.state,
+            kind=a.kind if a else None, message=self.verdict.line or None, step=run.last_step,
+            total_steps=self.start.get("total_steps"), run_id=self.start.get("run_id"),
+            attempt=self.start.get("attempt"),
+            records={"lines": r.lines, "steps": run.n_steps, "evals": run.n_evals, "bad_lines": r.bad_lines,
+                     "last_bad": r.last_bad or None, "unknown": run.unknown, "resets": r.resets,
+                     "starts": self.rules.starts, "torn_tail": r.torn, "bytes_read": r.bytes_read,
+                     "skipped_bytes": r.skipped_bytes},
+            pids=[{"pid": p.pid, "state": p.state, "why": self.known.get(p.pid, "")} for p in self.last_procs],
+            gpu=self.gpu_note or [g.line() for g in (self.last_gpu.gpus if self.last_gpu else [])],
+            warnings=[w.message for w in self.rules.warnings()],
+            thresholds=dataclasses.asdict(self.th))
 
     def save(self) -> None:
+        if self.one_shot:
+            return
         try:
-            atomic_write_json(self.run_dir / WATCHDOG_STATE, self.snapshot())
-        except OSError:
-            pass  # a full disk must not kill the watchdog; the verdict still reaches stdout
+            atomic_write_json(self.run_dir / WATCHDOG_STATE, self.snapshot().to_json())
+            self.save_error = ""
+        except OSError as e:
+            if not self.save_error:  # say it once; the verdict still reaches stdout
+                print(f"watchdog.py: warning: cannot write {self.run_dir / WATCHDOG_STATE}: {e.strerror or e}; "
+                      "check-in will not see this watchdog", file=sys.stderr, flush=True)
+            self.save_error = str(e)
+
+
+def assess(run_dir, thresholds: Optional[Thresholds] = None, gpu=None, pids=()) -> Watcher:
+    """Check-in's verdict: the watchdog's engine, one poll over the run as it is now. The
+    returned watcher holds the verdict (``.verdict``) and the facts it found."""
+    th = dataclasses.replace(thresholds or Thresholds(), orphan_grace=0.0, rank_grace=0.0)
+    w = Watcher(run_dir, th, pids=pids, gpu=gpu, one_shot=True)
+    w.poll()
+    return w
 
 
 class _Wake(Exception):
     pass
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
 def run(watcher: Watcher, out=None) -> int:
-    """Poll until done, an anomaly, or SIGTERM/SIGINT; print the one final line; exit code."""
+    """Poll until done, an anomaly, or SIGTERM/SIGINT/SIGHUP; print the one final line; exit code.
+    A second signal while stopping changes nothing: one line, exit 0, never a traceback."""
     out = out or sys.stdout
     flags = {"sleeping": False, "signal": None}
 
     def on_signal(signum, frame):
-        flags["signal"] = signal.Signals(signum).name
+        if flags["signal"] is None:
+            flags["signal"] = signal.Signals(signum).name
         if flags["sleeping"]:
+            flags["sleeping"] = False
             raise _Wake()
 
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    old = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
     try:
         while True:
             if flags["signal"]:
@@ -298,52 +363,72 @@ def run(watcher: Watcher, out=None) -> int:
                 pass
             finally:
                 flags["sleeping"] = False
+        try:
+            print(verdict.line, file=out, flush=True)
+        except (BrokenPipeError, OSError):
+            pass  # whoever read stdout is gone; the verdict is in watchdog.json all the same
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-    try:
-        print(verdict.line, file=out, flush=True)
-    except (BrokenPipeError, OSError):
-        pass  # whoever read stdout is gone; the verdict is in watchdog.json all the same
     return verdict.code
 
 
 def _threshold_type(name, default, is_duration):
     if is_duration:
         return duration
-    if name in ("throughput_drop", "chance_margin", "min_auroc"):
+    if name in ("throughput_drop", "chance_margin", "min_auroc", "straggler_ratio"):
         return fraction
     if isinstance(default, int):
-        return count if name in ("min_auroc_step", "chance_step", "baseline_steps") else positive_int
-    return positive_float
+        return count if name in ("min_auroc_step", "chance_step", "baseline_steps", "warmup_steps",
+                                 "overfit_evals") else positive_int
+    return positive_float if name != "stall_factor" else _nonnegative
+
+
+def _nonnegative(text):
+    return 0.0 if str(text).strip() in ("0", "0.0") else positive_float(text)
 
 
 def _show(default, unit, is_duration):
     if is_duration:
         return f"{default:g}s"
-    if unit in ("%", "fraction", "AUROC", "grad norm"):
-        return f"{default:g}{unit}" if unit == "%" else f"{default:g}"
+    if unit in ("%", "fraction", "AUROC", "grad norm", "x"):
+        return f"{default:g}{unit}" if unit in ("%", "x") else f"{default:g}"
     return f"{default:g} {unit}"
 
 
 def build_parser() -> Parser:
     p = Parser(prog="watchdog.py", description=(
-        "Watch a training run directory; exit 0 with 'OK done: ...' when the completion sentinel "
-        "appears, 7 with 'ANOMALY <kind>: ...' on the first poll an anomaly holds, 2 on bad usage. "
-        "Durations are seconds, or a number with s, m or h (90s, 6m, 3h)."))
+        "Watch a training run directory; exit 0 with 'OK done: ...' when the current run's completion "
+        "sentinel appears, 7 with 'ANOMALY <kind>: ...' on the first poll an anomaly holds, 2 on bad usage. "
+        "The run's processes are found by themselves: --pid, the start record's pid, and every process "
+        "whose output goes to RUN_DIR/train.log. Durations are seconds, or a number with s, m or h "
+        "(90s, 6m, 3h)."))
     p.add_argument("run_dir", metavar="RUN_DIR", type=run_dir_arg,
                    help="the run directory (metrics.jsonl, train.log, final_val_metrics.json)")
     p.add_argument("--pid", type=positive_int, action="append", default=[], metavar="PID",
-                   help="a training process to watch (repeatable); default: the start record's pid")
+                   help="a training process to watch (repeatable); default: found from the start record and train.log")
     p.add_argument("--log", metavar="PATH", help="the training log [default: RUN_DIR/train.log]")
-    p.add_argument("--sentinel", default=SENTINEL, metavar="NAME",
-                   help=f"completion sentinel in RUN_DIR [default: {SENTINEL}]")
+    p.add_argument("--sentinel", default=SENTINEL, metavar="NAME", type=sentinel_name,
+                   help=f"completion sentinel, a file name in RUN_DIR [default: {SENTINEL}]")
     for name, default, unit, doc, is_duration in Thresholds.describe():
-        metavar = "DURATION" if is_duration else {"%": "PERCENT"}.get(unit, unit.upper().replace(" ", "_"))
-        p.add_argument("--" + name.replace("_", "-"), dest=name, default=None, metavar=metavar,
+        flag = "--" + name.replace("_", "-")
+        if isinstance(default, bool):
+            p.add_argument(flag, dest=name, action="store_true", default=None, help=doc)
+            continue
+        metavar = "DURATION" if is_duration else {"%": "PERCENT", "x": "FACTOR"}.get(unit, unit.upper().replace(" ", "_"))
+        p.add_argument(flag, dest=name, default=None, metavar=metavar,
                        type=_threshold_type(name, default, is_duration),
                        help=f"{doc} (default: {_show(default, unit, is_duration)})".replace("%", "%%"))
     return p
+
+
+def sentinel_name(text: str) -> str:
+    """A plain file name inside RUN_DIR: not empty, no folder, not . or .."""
+    import argparse
+    if not text or text in (".", "..") or "/" in text or "\0" in text:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a file name; give the sentinel's name inside RUN_DIR "
+                                         f"(default {SENTINEL})")
+    return text
 
 
 def main(argv=None, gpu=None) -> int:
@@ -357,11 +442,21 @@ def main(argv=None, gpu=None) -> int:
     run_dir = Path(args.run_dir)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / f".watchdog-probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
     except OSError as e:
-        print(f"watchdog.py: error: cannot create run directory {run_dir}: {e.strerror}; "
-              "pass a writable folder", file=sys.stderr)
+        print(f"watchdog.py: error: run directory {run_dir} is not writable ({e.strerror or e}); "
+              "pass a folder the watchdog can write watchdog.json into", file=sys.stderr)
         return EXIT_USAGE
-    watcher = Watcher(run_dir, th, pids=args.pid, log=args.log, sentinel=args.sentinel, gpu=gpu,
+    log = Path(args.log) if args.log else run_dir / LOG
+    for path in (run_dir / METRICS, log, run_dir / args.sentinel):
+        why = why_unreadable(path)
+        if why:
+            print(f"watchdog.py: error: {why}; the watchdog would be blind: fix it (a readable regular file) "
+                  "and start again", file=sys.stderr)
+            return EXIT_USAGE
+    watcher = Watcher(run_dir, th, pids=args.pid, log=log, sentinel=args.sentinel, gpu=gpu,
                       num_labels_given="num_labels" in given)
     registry.register(run_dir, os.getpid(), args.pid)
     return run(watcher)

@@ -3,9 +3,14 @@ contract that scripts/watchdog.py reads. One file: copy it into your repository.
 
 Launch in the background, on ONE physical line (newlines collapse into spaces in background shells):
 
-    mkdir -p runs/torch && PYTHONUNBUFFERED=1 HF_HUB_DISABLE_PROGRESS_BARS=1 TRANSFORMERS_VERBOSITY=error TOKENIZERS_PARALLELISM=false python -u train_torch.py --out runs/torch > runs/torch/train.log 2>&1
+    mkdir -p runs/torch && PYTHONUNBUFFERED=1 HF_HUB_DISABLE_PROGRESS_BARS=1 TRANSFORMERS_VERBOSITY=error TOKENIZERS_PARALLELISM=false python -u train_torch.py --out runs/torch >> runs/torch/train.log 2>&1
 
-Several processes (rank 0 writes the telemetry; sps is global across ranks; gloo on a CPU):
+After a crash, a kill or a preemption, the same line with --resume continues from the last
+checkpoint (a new attempt in the same metrics.jsonl; without a checkpoint it starts fresh):
+
+    PYTHONUNBUFFERED=1 HF_HUB_DISABLE_PROGRESS_BARS=1 TRANSFORMERS_VERBOSITY=error TOKENIZERS_PARALLELISM=false python -u train_torch.py --out runs/torch --resume >> runs/torch/train.log 2>&1
+
+Several processes (rank 0 writes metrics.jsonl, every rank a heartbeat; gloo on a CPU):
 
     torchrun --nproc_per_node 2 train_torch.py --out runs/ddp
 
@@ -14,20 +19,21 @@ Smoke preflight first (2,000 samples, 1 epoch, eval every 20 steps):
     python -u train_torch.py --out runs/smoke --smoke
 
 With no flags it trains a bag-of-embeddings + GRU classifier on a generated sentiment task
-(offline, a CPU, well under two minutes); --data FILE (CSV/JSONL with text and label columns)
-switches to your data. TensorBoard: tensorboard --logdir runs/torch/tb --port 6006, then from a
-laptop ssh -N -L 6006:localhost:6006 you@gpu-host and open http://localhost:6006.
+(offline, a CPU, well under two minutes); --data FILE (CSV/JSON/JSONL with text and label
+columns) switches to your data. TensorBoard: tensorboard --logdir runs/torch/tb --port 6006,
+then from a laptop ssh -N -L 6006:localhost:6006 you@gpu-host and open http://localhost:6006.
 
-RUN_DIR (--out) receives metrics.jsonl, checkpoints/ (best two by AUROC, state dicts),
-tb/, and final_val_metrics.json last: the completion sentinel.
+RUN_DIR (--out) receives metrics.jsonl, hparams.json (the resolved config), checkpoints/
+(last.pt, plus best.pt while an older step holds the best AUROC; each written under a
+temporary name and renamed into place, holding everything --resume needs), tb/, and
+final_val_metrics.json last: the completion sentinel.
 """
 import argparse
-import json
+import contextlib
 import math
 import os
 import random
 import sys
-import tempfile
 import time
 
 import torch
@@ -36,63 +42,79 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 # ----------------------------------------------------------------------------- config
-OUT = "runs/torch"
-DATA = None              # None: the generated task; else a CSV/JSONL with TEXT_COL and LABEL_COL
-EVAL_DATA = None
+OUT = "runs/torch"       # the run directory
+MODEL = None             # None: fresh weights; else a checkpoint (.pt) whose "model" to start from
+DATA = None              # None: the generated task; else a CSV/JSON/JSONL with TEXT_COL and LABEL_COL
+EVAL_DATA = None         # None: hold out EVAL_FRACTION of DATA
 TEXT_COL = "text"
 LABEL_COL = "label"
 NUM_LABELS = 2
-SAMPLES = 6000
+SAMPLES = 6000           # training rows (generated task) or a cap on DATA's rows
 EVAL_SAMPLES = 600
 EVAL_FRACTION = 0.1
 EPOCHS = 2
-BATCH = 32               # per process
+BATCH_SIZE = 32          # per device and micro-step
+GRAD_ACCUM = 1           # micro-steps per optimizer step (an OOM relaunch halves the batch, doubles this)
 LR = 1e-2
+WARMUP_STEPS = 20        # linear warm-up, then cosine decay to LR / 10
 MAX_LEN = 32
 MAX_STEPS = -1           # -1: EPOCHS decide
-LOGGING_STEPS = 10
-EVAL_STEPS = 50
+LOGGING_STEPS = 10       # a step record every this many optimizer steps
+EVAL_STEPS = 50          # an eval record (and a checkpoint) every this many steps
 MAX_GRAD_NORM = 1.0
 PRECISION = "fp32"       # fp32 | fp16 | bf16: autocast on the device
-KEEP = 2                 # checkpoints kept, best AUROC first
-DIM = 64
+KEEP = 2                 # checkpoints kept: 2 = last + best, 1 = last, 0 = none
 SEED = 0
-SMOKE = False
+SMOKE = False            # --smoke: 2,000 samples, 1 epoch, eval every 20 steps, batch <= 16
+RESUME = False           # --resume: continue from the last checkpoint in --out
+DIM = 64
 # -----------------------------------------------------------------------------
 
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=OUT, help="run directory [%(default)s]")
-    p.add_argument("--model", default=None, help="a state dict (.pt) to start from [fresh weights]")
-    p.add_argument("--data", default=DATA, help="CSV/JSONL with text and label columns [generated]")
-    p.add_argument("--eval-data", default=EVAL_DATA, help="separate eval CSV/JSONL [hold out from --data]")
+    p.add_argument("--model", default=MODEL, help="a checkpoint (.pt) to start from [fresh weights]")
+    p.add_argument("--data", default=DATA, help="CSV/JSON/JSONL with text and label columns [generated]")
+    p.add_argument("--eval-data", default=EVAL_DATA, help="separate eval file [hold out from --data]")
     p.add_argument("--text-col", default=TEXT_COL)
     p.add_argument("--label-col", default=LABEL_COL)
     p.add_argument("--num-labels", type=int, default=NUM_LABELS)
     p.add_argument("--samples", type=int, default=SAMPLES)
     p.add_argument("--eval-samples", type=int, default=EVAL_SAMPLES)
-    p.add_argument("--epochs", type=int, default=EPOCHS)
-    p.add_argument("--batch", type=int, default=BATCH)
+    p.add_argument("--epochs", type=float, default=EPOCHS)
+    p.add_argument("--batch-size", "--batch", type=int, default=BATCH_SIZE, help="per device [%(default)s]")
+    p.add_argument("--grad-accum", type=int, default=GRAD_ACCUM, help="micro-steps per step [%(default)s]")
     p.add_argument("--lr", type=float, default=LR)
+    p.add_argument("--warmup-steps", type=int, default=WARMUP_STEPS)
     p.add_argument("--max-len", type=int, default=MAX_LEN)
     p.add_argument("--max-steps", type=int, default=MAX_STEPS)
     p.add_argument("--logging-steps", type=int, default=LOGGING_STEPS)
     p.add_argument("--eval-steps", type=int, default=EVAL_STEPS)
     p.add_argument("--max-grad-norm", type=float, default=MAX_GRAD_NORM)
     p.add_argument("--precision", choices=["fp32", "fp16", "bf16"], default=PRECISION)
-    p.add_argument("--keep", type=int, default=KEEP, help="checkpoints kept; 0 saves none")
+    p.add_argument("--keep", type=int, choices=[0, 1, 2], default=KEEP, help="checkpoints kept [%(default)s]")
     p.add_argument("--seed", type=int, default=SEED)
     p.add_argument("--smoke", action="store_true", default=SMOKE)
+    p.add_argument("--resume", action="store_true", default=RESUME, help="continue from the last checkpoint")
     a = p.parse_args()
+    for name in ("batch_size", "grad_accum", "logging_steps", "eval_steps"):
+        if getattr(a, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1, not {getattr(a, name)}")
     if a.smoke:
         a.samples, a.epochs, a.eval_steps = 2000, 1, 20
-        a.batch = min(a.batch, 16)  # ~125 steps: enough to see the loss leave chance
+        a.batch_size = min(a.batch_size, 16)  # ~125 steps: enough to see the loss leave chance
         a.eval_samples = min(a.eval_samples, 400)
     return a
 
 
-# ----------------------------------------------------------------------------- data
+def die(msg):
+    """Bad input: one line on stderr, exit 2, nothing written."""
+    print(f"error: {msg}", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+# ----------------------------------------------------------------------------- data (same in both templates)
 POSITIVE = "good great excellent superb lovely delightful brilliant wonderful fantastic pleasant".split()
 NEGATIVE = "bad awful terrible poor dreadful horrible boring nasty dismal painful".split()
 NEUTRAL = ("the a movie film plot actor scene story it was is and with of to in this that very "
@@ -101,7 +123,7 @@ NEUTRAL = ("the a movie film plot actor scene story it was is and with of to in 
 
 def generated_task(n, seed):
     """Reviews of neutral words around one sentiment word, negated one time in ten ("not
-    good" is negative); label 1 = positive."""
+    good" is negative); label 1 = positive. Easy, but not a bag of words."""
     rng = random.Random(seed)
     texts, labels = [], []
     for _ in range(n):
@@ -116,12 +138,17 @@ def generated_task(n, seed):
 
 
 def read_table(path, text_col, label_col):
+    """Texts and labels of a CSV, JSON (records) or JSONL file; labels 1.0 become 1."""
     import pandas as pd
-    df = pd.read_json(path, lines=True) if path.endswith(".jsonl") else pd.read_csv(path)
+    if not os.path.isfile(path):
+        die(f"{path} does not exist (pass a CSV, JSON or JSONL file)")
+    if path.endswith((".jsonl", ".json")):
+        df = pd.read_json(path, lines=path.endswith(".jsonl"))
+    else:
+        df = pd.read_csv(path)
     missing = [c for c in (text_col, label_col) if c not in df.columns]
     if missing:
-        sys.exit(f"error: {path} has no column {missing[0]!r}; columns are {list(df.columns)} "
-                 f"(use --text-col / --label-col)")
+        die(f"{path} has no column {missing[0]!r}; columns are {list(df.columns)} (use --text-col / --label-col)")
     labels = [int(v) if isinstance(v, float) and v.is_integer() else v for v in df[label_col].tolist()]
     return df[text_col].astype(str).tolist(), labels
 
@@ -131,29 +158,37 @@ def check_labels(labels, num_labels, split, label_col):
     bad = sorted({repr(v) for v in labels if isinstance(v, bool) or not isinstance(v, int)
                   or not 0 <= v < num_labels}, key=str)[:5]
     if bad:
-        sys.exit(f"error: label column {label_col!r} in {split} holds {', '.join(bad)}; labels must be "
-                 f"integers in [0, {num_labels}) (set --num-labels or map the labels)")
+        die(f"label column {label_col!r} in {split} holds {', '.join(bad)}; labels must be "
+            f"integers in [0, {num_labels}) (set --num-labels or map the labels)")
     found = sorted(set(labels))
     if len(found) < num_labels:
-        sys.exit(f"error: label column {label_col!r} in {split} holds only {found}; every class "
-                 f"0..{num_labels - 1} must be present (check the split or the sampling)")
+        die(f"label column {label_col!r} in {split} holds only {found}; every class "
+            f"0..{num_labels - 1} must be present (check the split or the sampling)")
 
 
 def load_data(a):
+    """(train texts, labels), (eval texts, labels), labels checked."""
     if a.data is None:
         texts, labels = generated_task(a.samples + a.eval_samples, a.seed)
-        return (texts[:a.samples], labels[:a.samples]), (texts[a.samples:], labels[a.samples:])
-    texts, labels = read_table(a.data, a.text_col, a.label_col)
-    if a.eval_data:
+        train, ev = (texts[:a.samples], labels[:a.samples]), (texts[a.samples:], labels[a.samples:])
+    elif a.eval_data:
+        texts, labels = read_table(a.data, a.text_col, a.label_col)
         ev_x, ev_y = read_table(a.eval_data, a.text_col, a.label_col)
-        return (texts[:a.samples], labels[:a.samples]), (ev_x[:a.eval_samples], ev_y[:a.eval_samples])
-    order = list(range(len(texts)))
-    random.Random(a.seed).shuffle(order)
-    n_eval = max(1, int(len(order) * EVAL_FRACTION))
-    ev, tr = order[:n_eval], order[n_eval:][:a.samples]
-    return ([texts[i] for i in tr], [labels[i] for i in tr]), ([texts[i] for i in ev], [labels[i] for i in ev])
+        train, ev = (texts[:a.samples], labels[:a.samples]), (ev_x[:a.eval_samples], ev_y[:a.eval_samples])
+    else:
+        texts, labels = read_table(a.data, a.text_col, a.label_col)
+        order = list(range(len(texts)))
+        random.Random(a.seed).shuffle(order)
+        n_eval = max(1, int(len(order) * EVAL_FRACTION))
+        held, kept = order[:n_eval], order[n_eval:][:a.samples]
+        train = ([texts[i] for i in kept], [labels[i] for i in kept])
+        ev = ([texts[i] for i in held], [labels[i] for i in held])
+    check_labels(train[1], a.num_labels, "train", a.label_col)
+    check_labels(ev[1], a.num_labels, "eval", a.label_col)
+    return train, ev
 
 
+# ----------------------------------------------------------------------------- model
 def encode(texts, vocab, max_len):
     ids = torch.zeros(len(texts), max_len, dtype=torch.long)  # 0 = padding, 1 = unknown
     for i, t in enumerate(texts):
@@ -176,36 +211,12 @@ class Classifier(nn.Module):
         return self.head(pooled)
 
 
-def load_checkpoint(path):
-    """Rebuild the model a checkpoint was saved from (smoke.py's strict reload check)."""
-    ckpt = torch.load(path, map_location="cpu")
-    model = Classifier(len(ckpt["vocab"]), ckpt["dim"], ckpt["num_labels"])
-    model.load_state_dict(ckpt["model"], strict=True)
-    return model
-
-
-# ----------------------------------------------------------------------------- telemetry
-class Telemetry:
-    """The contract: one JSON object per line in RUN_DIR/metrics.jsonl, one os.write per line
-    (flushed as it is written); only rank 0 writes."""
-
-    def __init__(self, run_dir, enabled):
-        self.enabled = enabled
-        self.t0 = time.time()
-        self.fd = os.open(os.path.join(run_dir, "metrics.jsonl"),
-                          os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if enabled else None
-
-    def write(self, **rec):
-        if self.enabled:
-            rec.setdefault("t", round(time.time() - self.t0, 3))
-            os.write(self.fd, (json.dumps(rec) + "\n").encode())
-
-
-def atomic_write_json(path, obj):
-    fd, tmp = tempfile.mkstemp(prefix=".tmp.", dir=os.path.dirname(path) or ".")
-    with os.fdopen(fd, "w") as f:
-        json.dump(obj, f, indent=1)
-    os.replace(tmp, path)
+def lr_factor(step, warmup, total):
+    """Linear warm-up to 1, then cosine decay to 0.1 at the last step (nanoGPT's schedule)."""
+    if step < warmup:
+        return (step + 1) / (warmup + 1)
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return 0.1 + 0.45 * (1 + math.cos(math.pi * progress))
 
 
 def auroc(scores, labels):
@@ -242,6 +253,246 @@ def evaluate(model, ids, labels, device, batch=256):
             "eval_loss": F.cross_entropy(logits, y).item()}
 
 
+# ----------------------------------------------------------------------------- checkpoints
+def atomic_write_json(path, obj):
+    import json
+    import tempfile
+    fd, tmp = tempfile.mkstemp(prefix=".tmp.", dir=os.path.dirname(path) or ".")
+    with os.fdopen(fd, "w") as f:
+        json.dump(obj, f, indent=1, default=str)
+    os.replace(tmp, path)
+
+
+def atomic_save(obj, path):
+    """torch.save under a temporary name, fsync, then os.replace: a kill at any instant leaves
+    either the old file or the new one, never a torn one."""
+    tmp = os.path.join(os.path.dirname(path), f".tmp.{os.path.basename(path)}")
+    with open(tmp, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def latest_checkpoint(ckpt_dir):
+    """last.pt, else best.pt (a kill between the two renames of a save leaves only best.pt,
+    then the newest): the checkpoint --resume continues from, or None."""
+    for name in ("last.pt", "best.pt"):
+        path = os.path.join(ckpt_dir, name)
+        if os.path.isfile(path):
+            return path
+    return None
+
+
+def save_checkpoint(ckpt_dir, ckpt, metric, state, keep):
+    """Keep last.pt and, while an older step holds the best metric, best.pt: two files at most,
+    one when the last is the best. Every change is one os.replace or one remove."""
+    last, best = os.path.join(ckpt_dir, "last.pt"), os.path.join(ckpt_dir, "best.pt")
+    is_best = state["best_metric"] is None or not metric < state["best_metric"]
+    if is_best:
+        state["best_metric"], state["best_step"] = metric, state["step"]
+    ckpt["state"] = dict(state)
+    if keep == 2 and not is_best and not os.path.exists(best) and os.path.exists(last):
+        os.replace(last, best)  # last.pt held the best: it becomes best.pt
+    atomic_save(ckpt, last)
+    if is_best and os.path.exists(best):
+        os.remove(best)
+
+
+def rng_state():
+    return {"python": random.getstate(), "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def set_rng_state(rng):
+    random.setstate(rng["python"])
+    torch.set_rng_state(rng["torch"])
+    if rng.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+
+
+def load_checkpoint(path):
+    """Rebuild the model a checkpoint was saved from (smoke.py's strict reload check)."""
+    ckpt = torch.load(path, map_location="cpu")
+    model = Classifier(len(ckpt["vocab"]), ckpt["dim"], ckpt["num_labels"])
+    model.load_state_dict(ckpt["model"], strict=True)
+    return model
+
+
+# ----------------------------------------------------------------------------- telemetry (a verbatim copy of supervise/telemetry.py)
+# --- telemetry: begin ---
+import json
+import math
+import os
+import socket
+import sys
+import tempfile
+import time
+import traceback
+import uuid
+
+
+class Telemetry:
+    """Writes RUN_DIR/metrics.jsonl (rank 0), RUN_DIR/ranks/rank-<N>.jsonl (every rank) and the
+    completion sentinel RUN_DIR/final_val_metrics.json, one os.write per line (O_APPEND).
+
+    task: "classification" | "lm" | "regression" | ... ; chance loss is ln(num_labels) for
+    classification and ln(vocab_size) for lm. batch_size: samples per optimizer step on one rank
+    (per-device batch x gradient accumulation); when given, sps (all ranks) is measured.
+    rank / world_size default to torchrun's RANK / WORLD_SIZE variables. attempt: 1, or with
+    resume=True one more than the start records already in metrics.jsonl (never truncated).
+    Values may be anything float() accepts (tensors, numpy scalars).
+    """
+
+    def __init__(self, run_dir, *, task="classification", num_labels=None, vocab_size=None,
+                 total_steps=None, batch_size=None, world_size=None, rank=None, attempt=None,
+                 resume=False):
+        env = os.environ
+        self.run_dir = str(run_dir)
+        self.rank = int(rank if rank is not None else env.get("RANK", env.get("LOCAL_RANK", 0)))
+        self.local_rank = int(env.get("LOCAL_RANK", self.rank))
+        self.world_size = int(world_size or env.get("WORLD_SIZE", 1))
+        self.batch_size = batch_size
+        self.run_id = uuid.uuid4().hex
+        self.t0 = time.time()
+        self.last_step = None
+        self._mark = None  # (step, time) the next sps is measured from
+        self._fatal = False
+        self.metrics_path = os.path.join(self.run_dir, "metrics.jsonl")
+        self.sentinel_path = os.path.join(self.run_dir, "final_val_metrics.json")
+        os.makedirs(os.path.join(self.run_dir, "ranks"), exist_ok=True)
+        self._rank_fd = self._open(os.path.join(self.run_dir, "ranks", f"rank-{self.rank}.jsonl"))
+        self._fd = None
+        if attempt is None:
+            attempt = 1 + self._count_starts() if resume and self.rank == 0 else 1
+        self.attempt = int(attempt)
+        if self.rank != 0:
+            return
+        chance = {"classification": num_labels, "lm": vocab_size}.get(task)
+        self._fd = self._open(self.metrics_path)
+        self._write({"event": "start", "t": 0, "pid": os.getpid(), "run_id": self.run_id,
+                     "attempt": self.attempt, "task": task, "num_labels": num_labels,
+                     "vocab_size": vocab_size,
+                     "chance_loss": round(math.log(chance), 6) if chance and chance > 1 else None,
+                     "total_steps": total_steps, "batch_size": batch_size,
+                     "world_size": self.world_size, "rank": self.rank, "argv": list(sys.argv),
+                     "cwd": os.getcwd(), "host": socket.gethostname(), "time": self.t0})
+
+    # -- the calls a training loop makes
+    def step(self, step, loss, *, lr=None, grad_norm=None, sps=None, **extra):
+        """One step record (rank 0) and one heartbeat (every rank). A non-finite loss or grad
+        norm writes FATAL and raises FloatingPointError: never train on after a NaN."""
+        step, now = int(step), time.time()
+        loss, grad_norm = self._num(loss), self._num(grad_norm)
+        for name, value in (("loss", loss), ("grad_norm", grad_norm)):
+            if isinstance(value, float) and not math.isfinite(value):
+                reason = f"non-finite {name} {value} at step {step}"
+                self.fatal(step, reason)
+                raise FloatingPointError(reason + ": lower the learning rate or check the inputs")
+        rank_sps = None
+        if self.batch_size and self._mark and step > self._mark[0] and now > self._mark[1]:
+            rank_sps = round((step - self._mark[0]) * self.batch_size / (now - self._mark[1]), 3)
+        if sps is None and rank_sps is not None:
+            sps = round(rank_sps * self.world_size, 3)
+        self._mark, self.last_step = (step, now), step
+        t = round(now - self.t0, 3)
+        self._append(self._rank_fd, {"rank": self.rank, "local_rank": self.local_rank,
+                                     "host": socket.gethostname(), "pid": os.getpid(),
+                                     "step": step, "t": t, "time": round(now, 3), "sps": rank_sps})
+        extra = {k: self._num(v) for k, v in extra.items()}
+        self._write({"step": step, "t": t, "loss": loss, "lr": self._num(lr),
+                     "grad_norm": grad_norm, "sps": self._num(sps), **extra})
+
+    def eval(self, step, **metrics):
+        """Any eval metrics: keys get an "eval_" prefix when they lack it (loss -> eval_loss)."""
+        rec = {"step": int(step), "t": round(time.time() - self.t0, 3)}
+        for k, v in metrics.items():
+            rec[k if k.startswith("eval_") else "eval_" + k] = self._num(v)
+        self._write(rec)
+        self._mark = (int(step), time.time())  # eval time is not training throughput
+
+    def expect(self, seconds, why):
+        """Announce a long silence (an eval, a checkpoint save) so that it is not a stall."""
+        self._write({"event": "expect", "t": round(time.time() - self.t0, 3),
+                     "seconds": float(seconds), "why": str(why)})
+
+    def fatal(self, step, reason):
+        """Write a FATAL record (rank 0: metrics.jsonl; other ranks: their rank file)."""
+        rec = {"step": int(step) if step is not None else self.last_step,
+               "t": round(time.time() - self.t0, 3), "FATAL": str(reason)}
+        if self.rank == 0:
+            self._write(rec)
+        else:
+            self._append(self._rank_fd, dict(rec, rank=self.rank, pid=os.getpid()))
+        self._fatal = True
+
+    def done(self, **final):
+        """Write the completion sentinel atomically (rank 0), carrying this run's run_id."""
+        if self.rank == 0:
+            data = {"run_id": self.run_id, "attempt": self.attempt, "step": self.last_step}
+            data.update({k: self._num(v) for k, v in final.items()})
+            fd, tmp = tempfile.mkstemp(prefix=".final.", dir=self.run_dir)
+            with os.fdopen(fd, "w") as f:
+                json.dump(data, f, indent=1)
+            os.replace(tmp, self.sentinel_path)
+        self.close()
+
+    def close(self):
+        for fd in (self._fd, self._rank_fd):
+            if fd is not None:
+                os.close(fd)
+        self._fd = self._rank_fd = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None and not self._fatal and self._rank_fd is not None:
+            last = traceback.format_exception_only(exc_type, exc)[-1].strip()
+            self.fatal(self.last_step, last)
+        self.close()
+        return False  # re-raise
+
+    # -- plumbing
+    @staticmethod
+    def _open(path):
+        return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def _write(self, rec):
+        if self._fd is not None:
+            self._append(self._fd, rec)
+
+    def _count_starts(self):
+        n = 0
+        try:
+            with open(self.metrics_path, "rb") as f:
+                for line in f:
+                    if b'"start"' in line:
+                        try:
+                            n += json.loads(line).get("event") == "start"
+                        except (ValueError, AttributeError):
+                            pass
+        except FileNotFoundError:
+            pass
+        return n
+
+    @staticmethod
+    def _num(v):
+        """A plain float for anything float() accepts (tensors, numpy); other values unchanged."""
+        if v is None or isinstance(v, (bool, int, float, str)):
+            return v
+        try:
+            return float(v)
+        except (TypeError, ValueError, RuntimeError):
+            return v
+
+    @staticmethod
+    def _append(fd, rec):
+        if fd is not None:
+            os.write(fd, (json.dumps(rec, default=str) + "\n").encode())  # one write per line
+# --- telemetry: end ---
+
+
 # ----------------------------------------------------------------------------- main
 def main():
     a = parse_args()
@@ -254,32 +505,58 @@ def main():
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    torch.manual_seed(a.seed)
-    os.makedirs(os.path.join(a.out, "checkpoints"), exist_ok=True)
-
+    ckpt_dir = os.path.join(a.out, "checkpoints")
+    found = latest_checkpoint(ckpt_dir)
+    if found and not a.resume:
+        die(f"{found} holds an earlier run: pass --resume to continue it, or another --out")
     (tr_x, tr_y), (ev_x, ev_y) = load_data(a)
-    check_labels(tr_y, a.num_labels, "train", a.label_col)
-    check_labels(ev_y, a.num_labels, "eval", a.label_col)
-    vocab = {"<pad>": 0, "<unk>": 1}
-    for t in tr_x:
-        for w in t.lower().split():
-            vocab.setdefault(w, len(vocab))
-    tr_ids, ev_ids = encode(tr_x, vocab, a.max_len), encode(ev_x, vocab, a.max_len)
-    tr_lab = torch.tensor(tr_y)
+    ckpt = torch.load(found, map_location=device) if a.resume and found else None
+    if rank == 0:
+        os.makedirs(ckpt_dir, exist_ok=True)
+        for name in os.listdir(ckpt_dir):  # what a kill during a save left behind
+            if name.startswith(".tmp."):
+                os.remove(os.path.join(ckpt_dir, name))
+        if os.path.exists(os.path.join(a.out, "final_val_metrics.json")):
+            os.remove(os.path.join(a.out, "final_val_metrics.json"))  # an earlier attempt's sentinel
+        atomic_write_json(os.path.join(a.out, "hparams.json"), vars(a))
+        if a.resume:
+            print(f"resume: step {ckpt['state']['step']} from {found}" if ckpt else
+                  f"resume: no checkpoint in {ckpt_dir}; starting fresh", flush=True)
 
+    if ckpt:
+        vocab = ckpt["vocab"]
+    else:
+        vocab = {"<pad>": 0, "<unk>": 1}
+        for t in tr_x:
+            for w in t.lower().split():
+                vocab.setdefault(w, len(vocab))
+    tr_ids, ev_ids, tr_lab = encode(tr_x, vocab, a.max_len), encode(ev_x, vocab, a.max_len), torch.tensor(tr_y)
+
+    torch.manual_seed(a.seed)
+    random.seed(a.seed)
     model = Classifier(len(vocab), DIM, a.num_labels).to(device)
-    if a.model:
+    if a.model and not ckpt:
         model.load_state_dict(torch.load(a.model, map_location=device)["model"], strict=True)
-    ddp = nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    per_step = a.batch_size * a.grad_accum * world  # samples per optimizer step, all ranks
+    steps_per_epoch = len(tr_ids) // per_step
+    if steps_per_epoch < 1:
+        die(f"{len(tr_ids)} training samples do not fill one step of {per_step} "
+            "(lower --batch-size or --grad-accum, or add data)")
+    total = a.max_steps if a.max_steps > 0 else int(steps_per_epoch * a.epochs)
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, a.warmup_steps, total))
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(a.precision)
     scaler = torch.amp.GradScaler(device.type, enabled=a.precision == "fp16")
-
-    steps_per_epoch = len(tr_ids) // (a.batch * world)
-    total = a.max_steps if a.max_steps > 0 else steps_per_epoch * a.epochs
-    tel = Telemetry(a.out, rank == 0)
-    tel.write(event="start", t=0, pid=os.getpid(), total_steps=total, num_labels=a.num_labels,
-              world_size=world, batch_size=a.batch)
+    # step, epoch, position in the epoch's order, samples seen: the data position
+    state = {"step": 0, "epoch": 0, "pos": 0, "samples_seen": 0, "best_metric": None, "best_step": None}
+    if ckpt:
+        model.load_state_dict(ckpt["model"], strict=True)
+        opt.load_state_dict(ckpt["optimizer"])
+        sched.load_state_dict(ckpt["scheduler"])
+        scaler.load_state_dict(ckpt["scaler"])
+        state.update(ckpt["state"])
+        set_rng_state(ckpt["rng"])
+    ddp = nn.parallel.DistributedDataParallel(model) if world > 1 else model
     tb = None
     if rank == 0:
         try:
@@ -288,75 +565,83 @@ def main():
         except ImportError:
             pass
 
-    saved = []  # (auroc, step, path), best first
-    step, t_last, step_last, losses = 0, time.time(), 0, []
-    gen = torch.Generator().manual_seed(a.seed)
-    while step < total:
-        order = torch.randperm(len(tr_ids), generator=gen)  # the same on every rank
-        for b in range(steps_per_epoch):
-            if step >= total:
-                break
-            idx = order[(b * world + rank) * a.batch:(b * world + rank + 1) * a.batch]
-            ids, y = tr_ids[idx].to(device), tr_lab[idx].to(device)
-            with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-                loss = F.cross_entropy(ddp(ids).float(), y)
-            opt.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            scaler.unscale_(opt)
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), a.max_grad_norm).item()  # pre-clip
-            scaler.step(opt)
-            scaler.update()
-            step += 1
-            losses.append(loss.item())
-            if not math.isfinite(losses[-1]) or not math.isfinite(grad_norm):
-                bad = ("loss", losses[-1]) if not math.isfinite(losses[-1]) else ("grad_norm", grad_norm)
-                reason = f"non-finite {bad[0]} {bad[1]} at step {step}"
-                tel.write(step=step, FATAL=reason)
-                raise FloatingPointError(reason + "; lower --lr or check the inputs")
-            if step % a.logging_steps == 0:
-                now = time.time()
-                sps = (step - step_last) * a.batch * world / max(now - t_last, 1e-9)  # global
-                mean_loss = sum(losses) / len(losses)
-                tel.write(step=step, loss=mean_loss, lr=opt.param_groups[0]["lr"], grad_norm=grad_norm,
-                          sps=round(sps, 2), epoch=round(step / steps_per_epoch, 3))
-                if tb:
-                    tb.add_scalar("train/loss", mean_loss, step)
-                    tb.add_scalar("train/grad_norm", grad_norm, step)
-                    tb.add_scalar("train/sps", sps, step)
-                losses = []
-            if step % a.eval_steps == 0 or step == total:
-                t_eval = time.time()
-                if rank == 0:
-                    m = evaluate(model, ev_ids, ev_y, device)
-                    tel.write(step=step, **m)
+    with Telemetry(a.out, task="classification", num_labels=a.num_labels, total_steps=total,
+                   batch_size=a.batch_size * a.grad_accum, world_size=world, rank=rank, resume=a.resume) as tel:
+        step = state["step"]
+        t_last, step_last, losses = time.time(), step, []
+        while step < total:
+            order = torch.randperm(len(tr_ids), generator=torch.Generator().manual_seed(a.seed + state["epoch"]))
+            while state["pos"] + per_step <= len(order) and step < total:
+                batch = order[state["pos"]:state["pos"] + per_step]  # the same on every rank
+                loss_sum = 0.0
+                for micro in range(a.grad_accum):
+                    lo = (micro * world + rank) * a.batch_size
+                    idx = batch[lo:lo + a.batch_size]
+                    ids, y = tr_ids[idx].to(device), tr_lab[idx].to(device)
+                    sync = world == 1 or micro == a.grad_accum - 1
+                    with contextlib.nullcontext() if sync else ddp.no_sync():
+                        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+                            loss = F.cross_entropy(ddp(ids).float(), y) / a.grad_accum
+                        scaler.scale(loss).backward()
+                    loss_sum += loss.item()
+                scaler.unscale_(opt)
+                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), a.max_grad_norm).item()  # pre-clip
+                lr = opt.param_groups[0]["lr"]
+                scaler.step(opt)
+                scaler.update()
+                sched.step()
+                opt.zero_grad(set_to_none=True)
+                step += 1
+                state.update(step=step, pos=state["pos"] + per_step, samples_seen=state["samples_seen"] + per_step)
+                losses.append(loss_sum)
+                if not (math.isfinite(loss_sum) and math.isfinite(grad_norm)):
+                    tel.step(step, loss_sum, lr=lr, grad_norm=grad_norm)  # writes FATAL and raises
+                if step % a.logging_steps == 0:
+                    now = time.time()
+                    sps = (step - step_last) * per_step / max(now - t_last, 1e-9)  # global
+                    mean_loss = sum(losses) / len(losses)
+                    tel.step(step, mean_loss, lr=lr, grad_norm=grad_norm, sps=round(sps, 2),
+                             epoch=round(state["samples_seen"] / (steps_per_epoch * per_step), 3))
                     if tb:
-                        tb.add_scalar("eval/auroc", m["eval_auroc"], step)
-                    if a.keep > 0:
-                        path = os.path.join(a.out, "checkpoints", f"step-{step}.pt")
-                        torch.save({"model": model.state_dict(), "vocab": vocab, "dim": DIM,
-                                    "num_labels": a.num_labels, "step": step, **m}, path + ".tmp")
-                        os.replace(path + ".tmp", path)
-                        saved = sorted(saved + [(m["eval_auroc"], step, path)], key=lambda s: (-s[0], -s[1]))
-                        for _, _, old in saved[a.keep:]:
-                            os.remove(old)
-                        saved = saved[:a.keep]
-                if world > 1:
-                    dist.barrier()
-                t_last += time.time() - t_eval  # eval time is not training time
-            if step % a.logging_steps == 0:
-                t_last, step_last = time.time(), step
+                        tb.add_scalar("train/loss", mean_loss, step)
+                        tb.add_scalar("train/grad_norm", grad_norm, step)
+                        tb.add_scalar("train/sps", sps, step)
+                    losses = []
+                if step % a.eval_steps == 0 or step == total:
+                    t_eval = time.time()
+                    if rank == 0:
+                        m = evaluate(model, ev_ids, ev_y, device)
+                        tel.eval(step, **m)
+                        if tb:
+                            tb.add_scalar("eval/auroc", m["eval_auroc"], step)
+                        if a.keep > 0:
+                            save_checkpoint(ckpt_dir, {
+                                "model": model.state_dict(), "optimizer": opt.state_dict(),
+                                "scheduler": sched.state_dict(), "scaler": scaler.state_dict(), "rng": rng_state(),
+                                "config": vars(a), "vocab": vocab, "dim": DIM, "num_labels": a.num_labels,
+                                "step": step, **m}, m["eval_auroc"], state, a.keep)
+                    if world > 1:
+                        dist.barrier()
+                    t_last += time.time() - t_eval  # eval time is not training time
+                if step % a.logging_steps == 0:
+                    t_last, step_last = time.time(), step
+            if state["pos"] + per_step > len(order):
+                state.update(epoch=state["epoch"] + 1, pos=0)
 
-    if rank == 0:
-        best = saved[0][2] if saved else None
-        if best:
-            model.load_state_dict(torch.load(best, map_location=device)["model"], strict=True)
-        final = evaluate(model, ev_ids, ev_y, device)
-        atomic_write_json(os.path.join(a.out, "final_val_metrics.json"), {
-            **final, "step": step, "best_checkpoint": best, "seconds": round(time.time() - tel.t0, 1),
-            "world_size": world})
-        if tb:
-            tb.close()
-        print(f"done: eval_auroc={final['eval_auroc']:.4f} best={best}", flush=True)
+        if rank == 0:
+            best = latest_checkpoint(ckpt_dir) if a.keep else None  # best.pt when present, else last.pt
+            if best and os.path.exists(os.path.join(ckpt_dir, "best.pt")):
+                best = os.path.join(ckpt_dir, "best.pt")
+            best_state = torch.load(best, map_location=device) if best else None
+            if best_state:
+                model.load_state_dict(best_state["model"], strict=True)
+            final = evaluate(model, ev_ids, ev_y, device)
+            if tb:
+                tb.close()
+            tel.done(**final, step=step, best_checkpoint=best, best_step=best_state and best_state["step"],
+                     best_auroc=best_state and best_state["eval_auroc"], world_size=world,
+                     seconds=round(time.time() - tel.t0, 1))
+            print(f"done: eval_auroc={final['eval_auroc']:.4f} best={best}", flush=True)
     if world > 1:
         dist.destroy_process_group()
 

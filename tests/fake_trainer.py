@@ -43,6 +43,15 @@ def main():
     p.add_argument("--exit-at", type=int, default=None)
     p.add_argument("--oom-at", type=int, default=None)
     p.add_argument("--crash-at", type=int, default=None)
+    p.add_argument("--loss-from", type=int, default=None, help="from this step the loss is --loss-value")
+    p.add_argument("--loss-until", type=int, default=None, help="... up to this step (a spike)")
+    p.add_argument("--loss-value", type=float, default=None)
+    p.add_argument("--virtual-dt", type=float, default=None, help="record time t advances this much per record")
+    p.add_argument("--run-id", default=None, help="start record and sentinel carry this run_id")
+    p.add_argument("--task", default=None)
+    p.add_argument("--vocab-size", type=int, default=None)
+    p.add_argument("--expect-at", type=int, default=None, help="announce a pause of --pause seconds at this step")
+    p.add_argument("--pause", type=float, default=0.0)
     p.add_argument("--garbage", action="store_true", help="write stray and torn lines between records")
     p.add_argument("--no-sentinel", action="store_true")
     p.add_argument("--linger", type=float, default=0.0, help="seconds to live on after the sentinel")
@@ -54,7 +63,8 @@ def main():
     w = MetricsWriter(run / METRICS)
     total = a.records * a.every
     if not a.no_start:
-        w.start(total_steps=total, num_labels=a.num_labels, world_size=1, batch_size=8)
+        extra = {k: v for k, v in (("run_id", a.run_id), ("task", a.task), ("vocab_size", a.vocab_size)) if v}
+        w.start(total_steps=total, num_labels=a.num_labels, world_size=1, batch_size=8, time=time.time(), **extra)
     chance = math.log(a.num_labels)
     for i in range(1, a.records + 1):
         step = i * a.every
@@ -74,8 +84,13 @@ def main():
             w.fatal(step, "non-finite loss nan")
             raise SystemExit(f"FloatingPointError: non-finite loss at step {step}")
         loss = a.loss if a.loss is not None else chance * (0.25 + 0.75 * max(0.0, 1 - i / 30))
+        if a.loss_from is not None and a.loss_from <= step <= (a.loss_until or step):
+            loss = a.loss_value
         if a.nan_at is not None and step >= a.nan_at:
             loss = float("nan")
+        if a.expect_at == step:
+            w.write({"event": "expect", "seconds": a.pause, "why": "eval"})
+            time.sleep(a.pause)
         grad = a.grad
         if a.grad_from is not None and step >= a.grad_from:
             grad = a.grad_value
@@ -84,7 +99,8 @@ def main():
         if a.null_grad_at == step:
             grad = None
         sps = a.sps if a.sps_from is None or step < a.sps_from else a.sps_value
-        w.step(step, loss, 1e-4, grad, sps)
+        t = {"t": round(i * a.virtual_dt, 3)} if a.virtual_dt else {}
+        w.step(step, loss, 1e-4, grad, sps, **t)
         if a.garbage and i % 3 == 0:
             os.write(w.fd, b"Epoch 1:  40%|####      | 40/100 [00:04<00:06, 9.8it/s]\n")
             os.write(w.fd, b'{"step": %d, "loss"' % step)  # torn: completed by the next write
@@ -96,7 +112,8 @@ def main():
         print(f"step {step} loss {loss}", flush=True)
         time.sleep(a.dt)
     if not a.no_sentinel:
-        atomic_write_json(run / SENTINEL, {"eval_auroc": 0.97, "eval_acc": 0.91, "step": total})
+        final = {"eval_auroc": 0.97, "eval_acc": 0.91, "step": total}
+        atomic_write_json(run / SENTINEL, {**final, "run_id": a.run_id} if a.run_id else final)
     time.sleep(a.linger)
 
 

@@ -54,9 +54,9 @@ def test_running_healthy(tmp_path, sleeper):
 
 
 @pytest.mark.parametrize("state,first", [
-    ("done", "DONE"), ("anomaly", "ANOMALY nan"), ("dead", "DEAD"), ("not_started", "NOT STARTED"),
+    ("done", "DONE"), ("anomaly", "ANOMALY nan"), ("dead", "ANOMALY crash"), ("not_started", "STARTING"),
     ("empty", "NOT STARTED"), ("no_metrics", "NOT STARTED"), ("corrupt_torn", "RUNNING healthy"),
-    ("sentinel_only", "DONE"), ("fatal", "ANOMALY fatal"), ("stale", "STALLED"),
+    ("sentinel_only", "DONE"), ("fatal", "ANOMALY fatal"), ("stale", "ANOMALY dead"),
 ])
 def test_every_state(state, first, tmp_path, sleeper):
     run = tmp_path / "run"
@@ -102,7 +102,7 @@ def test_stopped_process_is_stalled(tmp_path, sleeper):
         rc, out, _ = run_script("checkin.py", tmp_path)
     finally:
         os.kill(sleeper.pid, signal.SIGCONT)
-    assert out.startswith("STALLED") and "stopped" in out
+    assert out.startswith("ANOMALY stall") and "state = stopped" in out
 
 
 def test_output_stays_bounded_with_huge_values(tmp_path, sleeper):

@@ -21,7 +21,11 @@ STEP = {"step": 10, "t": 1.5, "loss": 0.6, "lr": 1e-4, "grad_norm": 1.2, "sps": 
     ({k: v for k, v in STEP.items() if k != "sps"}, "step record lacks field 'sps'"),
     ({**STEP, "lr": "0.001"}, "step field 'lr' = '0.001' is not a number"),
     ({**STEP, "step": 1.5}, "step field 'step' = 1.5 is not a integer"),
-    ({"step": 250, "eval_auroc": 0.9}, "eval record lacks field 'eval_acc'"),
+    ({"step": 250, "eval_loss": 2.1}, None),               # v0.2: any eval_* metric
+    ({"step": 250, "eval_auroc": "x"}, "eval field 'eval_auroc' = 'x' is not a number"),
+    ({"eval_loss": 2.1}, "eval record lacks field 'step'"),
+    ({"event": "expect", "seconds": 600, "why": "eval"}, None),
+    ({"event": "start", "t": 0, "run_id": "ab12", "attempt": 2, "task": "lm", "vocab_size": 32000}, None),
     ({"epoch": 1}, "not a start, step, eval or FATAL record"),
     ([1, 2], "not a JSON object"),
 ])
@@ -138,3 +142,71 @@ def test_atomic_write_leaves_no_temp(tmp_path):
     atomic_write_json(tmp_path / "s.json", {"a": 2})
     assert read_json(tmp_path / "s.json") == {"a": 2}
     assert os.listdir(tmp_path) == ["s.json"]
+
+
+@pytest.mark.parametrize("line,expect", [
+    # every value in a record is untrusted: coerce it, or drop the record and count it
+    ('{"step": 1e400, "t": 1, "loss": 0.5}', None),
+    ('{"step": NaN, "t": 1, "loss": 0.5}', None),
+    ('{"step": "abc", "t": 1, "loss": 0.5}', None),
+    ('{"step": null, "t": 1, "loss": 0.5}', None),
+    ('{"t": 1, "loss": 0.5}', None),
+    ('{"step": null, "eval_auroc": 0.9}', None),
+    ('{"step": 5, "t": 1, "loss": "abc"}', None),
+    ('{"step": "7", "t": "x", "loss": "0.5"}', {"step": 7, "t": None, "loss": 0.5}),
+    ('{"step": "x", "t": 1, "FATAL": 42}', {"step": None, "FATAL": "42"}),
+    ('{"event": "start", "t": 0, "pid": 1e400, "num_labels": "two", "batch_size": "8"}',
+     {"pid": None, "num_labels": None, "batch_size": 8}),
+    ('{"step": 3, "t": 1, "loss": 1e400, "grad_norm": null}', {"loss": math.inf, "grad_norm": None}),
+    ('{"step": 3, "eval_auroc": "high", "eval_loss": 2}', {"eval_auroc": None, "eval_loss": 2.0}),
+    ('{"event": "expect", "seconds": "forever"}', None),
+    ('[' * 100000 + ']' * 100000, None),
+])
+def test_tail_reader_coerces_or_skips_untrusted_values(tmp_path, line, expect):
+    f = tmp_path / "metrics.jsonl"
+    f.write_text(line + "\n" + '{"step": 9, "t": 2, "loss": 0.4}\n')
+    r = TailReader(str(f))
+    recs = list(r.records())
+    assert recs[-1]["step"] == 9  # the reader goes on after any line
+    if expect is None:
+        assert len(recs) == 1 and r.bad_lines == 1
+    else:
+        assert len(recs) == 2 and r.bad_lines == 0
+        assert {k: recs[0][k] for k in expect} == expect
+
+
+@pytest.mark.parametrize("make", ["fifo", "link_to_fifo", "link_to_dev_zero", "directory"])
+def test_non_regular_files_are_refused_without_blocking(tmp_path, make):
+    f = tmp_path / "metrics.jsonl"
+    if make == "fifo":
+        os.mkfifo(f)
+    elif make == "link_to_fifo":
+        os.mkfifo(tmp_path / "pipe")
+        f.symlink_to(tmp_path / "pipe")
+    elif make == "link_to_dev_zero":
+        f.symlink_to("/dev/zero")
+    else:
+        f.mkdir()
+    r = TailReader(str(f))
+    assert list(r.records()) == [] and "not a regular file" in r.error
+    assert read_json(f) is None and tail_lines(f, 5) == []
+
+
+def test_reattach_reads_head_notable_lines_and_tail(tmp_path):
+    """A long file: the run's start and baseline from the head, every NaN/FATAL/eval line of the
+    middle, and the tail in full; an older attempt before the last start record is not read."""
+    f = tmp_path / "metrics.jsonl"
+    step = '{"step": %d, "t": %d, "loss": 0.5, "lr": 0.001, "grad_norm": 1.0, "sps": 100}\n'
+    with open(f, "w") as out:
+        out.write('{"event": "start", "t": 0, "run_id": "old"}\n' + '{"step": 1, "t": 0, "FATAL": "old"}\n')
+        out.write('{"event": "start", "t": 0, "run_id": "new"}\n')
+        for i in range(1, 200001):
+            out.write(step % (i, i) if i != 150000 else '{"step": %d, "eval_auroc": 0.2}\n' % i)
+    r = TailReader(str(f), catchup=1 << 20, head=64 << 10, tail=64 << 10)
+    recs = list(r.records())
+    assert recs[0]["run_id"] == "new" and not any("FATAL" in x for x in recs)
+    assert any(x.get("eval_auroc") == 0.2 for x in recs)
+    assert recs[-1]["step"] == 200000 and r.skipped_bytes > f.stat().st_size / 2
+    assert len(recs) < 10000 and r.bad_lines == 0
+    f.open("a").write(step % (200001, 1))
+    assert [x["step"] for x in r.records()] == [200001]

@@ -62,6 +62,23 @@ TABLE = [
     ("screen -dmS t python train.py", FG, "notified", ""),
     ("sleep 5 &", FG, None, ""),
     ("echo a & echo b", FG, None, ""),
+    # Slurm: a batch job detaches by design; sbatch is a launch that needs no run_in_background (issue 16)
+    ("sbatch job.sh", FG, None, ""),
+    ("sbatch --wrap 'python -u train.py' -o runs/a/train.log", FG, None, ""),
+    ("cd runs && sbatch --wrap 'python train.py' &", FG, None, ""),
+    ("/usr/bin/sbatch --parsable job.sh", FG, None, ""),
+    ("sbatch job.sh\nsqueue -u $USER", BG, "one_line", "sbatch job.sh && squeue -u $USER"),
+    # torchrun is a Python launch, also from a path: one line, background, the variables
+    (f"{Q} .venv/bin/torchrun --nproc_per_node 2 train.py", BG, "unbuffered",
+     f"PYTHONUNBUFFERED=1 .venv/bin/torchrun --nproc_per_node 2 train.py"),
+    ("PYTHONUNBUFFERED=1 /opt/conda/bin/torchrun --nproc_per_node=2 train.py", BG, "quiet_env",
+     f"PYTHONUNBUFFERED=1 {Q} /opt/conda/bin/torchrun --nproc_per_node=2 train.py"),
+    (f"PYTHONUNBUFFERED=1 {Q} .venv/bin/torchrun train.py", BG, None, ""),
+    (".venv/bin/torchrun --nproc_per_node 2 train.py > log 2>&1 &", FG, "notified",
+     f"PYTHONUNBUFFERED=1 {Q} .venv/bin/torchrun --nproc_per_node 2 train.py > log 2>&1"),
+    ("torchrun --nproc_per_node 2 train.py\necho done", BG, "one_line",
+     f"PYTHONUNBUFFERED=1 {Q} torchrun --nproc_per_node 2 train.py && echo done"),
+    ("torchrun --nproc_per_node 2 train.py", FG, None, ""),  # foreground: it ends in front of the agent
     # no log dumps
     ("cat {big}", FG, "no_log_dumps", "checkin.py"),
     ("less {big}", FG, "no_log_dumps", ""),

@@ -1,96 +1,199 @@
-"""The rules as pure functions: precedence, one shape of message, and the healthy look-alikes."""
+"""The rules: record sequences and the exact step each record rule fires at; the process rules
+as pure functions of one Window; precedence; one message shape; the healthy look-alikes."""
+import math
 import re
 
 import pytest
 
-from supervise.rules import KINDS, RULES, Process, Thresholds, Window, evaluate
+from supervise.rules import KINDS, RECORD_RULES, WINDOW_RULES, Process, RecordRules, Thresholds, Window, \
+    evaluate
 
 TH = Thresholds()
 SHAPE = re.compile(r"^ANOMALY (?P<kind>[a-z_]+): .+ (=|is) .+ at step \d+\. [A-Z].+\.$")
 
 
-def steps(n, start=10, every=10, **over):
-    return tuple({"step": start + i * every, "t": i, "loss": 0.3, "lr": 1e-4, "grad_norm": 1.0,
-                  "sps": 100.0, **over} for i in range(n))
+def steps(n, start=10, every=10, t0=0.0, dt=1.0, **over):
+    """n step records; a field given as a list varies per record."""
+    out = []
+    for i in range(n):
+        rec = {"step": start + i * every, "t": t0 + i * dt, "loss": 0.3, "lr": 1e-4, "grad_norm": 1.0, "sps": 100.0}
+        rec.update({k: (v[i] if isinstance(v, list) else v) for k, v in over.items()})
+        out.append(rec)
+    return out
+
+
+def fold(records, th=TH, start=None):
+    rules = RecordRules(th)
+    if start is not None:
+        rules.add({"event": "start", "t": 0, **start})
+    for r in records:
+        rules.add(r)
+    return rules
+
+
+def falling(n, start=10):
+    return steps(n, start=start, loss=[0.69 * (0.3 + 0.7 * max(0.0, 1 - i / 20)) for i in range(n)])
+
+
+# (name, records, start record, expected kind or None, the step it must fire at)
+SEQUENCES = [
+    ("nan at its step", steps(10) + steps(1, start=110, loss=math.nan) + steps(5, start=120), None, "nan", 110),
+    ("null grad norm", steps(3) + steps(1, start=40, grad_norm=None), None, "nan", 40),
+    ("inf loss", steps(3) + steps(1, start=40, loss=math.inf), None, "nan", 40),
+    ("fatal", steps(3) + [{"step": 35, "t": 3, "FATAL": "non-finite loss"}], None, "fatal", 35),
+    ("fatal without a step", steps(3) + [{"t": 3, "FATAL": "boom"}], None, "fatal", 30),
+    ("grad explode after 5", steps(10) + steps(5, start=110, grad_norm=80.0), None, "grad_explode", 150),
+    ("four high grads are not", steps(10) + steps(4, start=110, grad_norm=80.0) + steps(3, start=150), None, None, None),
+    ("grad collapse", steps(10) + steps(5, start=110, grad_norm=1e-5), None, "grad_collapse", 150),
+    ("tiny grads, solved task", steps(10, loss=1e-4) + steps(5, start=110, grad_norm=1e-5, loss=1e-4), None, None, None),
+    ("chance loss from chance_step", steps(45, loss=0.69), None, "chance_loss", 400),
+    ("chance loss of 3 labels", steps(45, loss=1.1), {"num_labels": 3}, "chance_loss", 400),
+    ("lm at ln(vocab)", steps(45, loss=6.9), {"task": "lm", "vocab_size": 1000}, "chance_loss", 400),
+    ("lm far below chance", steps(45, loss=2.0), {"task": "lm", "vocab_size": 1000}, None, None),
+    ("regression has no chance", steps(45, loss=0.69), {"task": "regression"}, None, None),
+    ("diverged (LR=1000)", falling(20) + steps(6, start=210, loss=2e4), None, "diverged", 250),
+    ("diverged 10x best, above chance", steps(20, loss=0.05) + steps(5, start=210, loss=7.5), None, "diverged", 250),
+    ("one huge loss is not divergence", falling(20) + steps(1, start=210, loss=2e4) + falling(5, start=220), None, None, None),
+    ("sustained spike", falling(30) + steps(5, start=310, loss=1.5), None, "loss_spike", 350),
+    ("single spike", falling(30) + steps(1, start=310, loss=5.0) + steps(10, start=320, loss=0.21), None, None, None),
+    ("four-record spike", falling(30) + steps(4, start=310, loss=1.5) + steps(10, start=350, loss=0.21), None, None, None),
+    ("inverted labels at the first eval", steps(3) + [{"step": 50, "eval_auroc": 0.2}], None, "inverted_labels", 50),
+    ("auroc 0.31 is not inverted", steps(3) + [{"step": 50, "eval_auroc": 0.31}], None, None, None),
+    ("stuck auroc after warm-up", [{"step": 250, "eval_auroc": 0.55}, {"step": 500, "eval_auroc": 0.56}], None,
+     "stuck_auroc", 500),
+    ("low auroc before warm-up", [{"step": 250, "eval_auroc": 0.55}], None, None, None),
+    ("eval_loss only: no auroc rules", [{"step": 600, "eval_loss": 2.0}], None, None, None),
+]
+
+
+@pytest.mark.parametrize("name,records,start,kind,step", SEQUENCES, ids=[s[0] for s in SEQUENCES])
+def test_record_rules_fire_at_the_exact_step(name, records, start, kind, step):
+    rules = fold(records, start=start)
+    found = rules.findings()
+    if kind is None:
+        assert found == {}, found
+        return
+    first = evaluate(Window(now=0, started=0, watch_started=0), TH, found)
+    assert first.kind == kind and first.step == step, first.message
+    assert SHAPE.match(first.message), first.message
+
+
+def test_throughput_holds_for_its_window_of_record_time():
+    th = Thresholds(throughput_window=60)
+    base = steps(20, dt=10)                                     # steps 10..200, baseline 100 sps
+    slow = steps(10, start=210, t0=200, dt=10, sps=60.0)        # t 200..290
+    found = fold(base + slow, th).findings()
+    # the median of 5 is below the floor from step 230 (t 220); 60 s later is step 290
+    assert found["throughput"].step == 290 and "for 60s >= 60s since step 230" in found["throughput"].message
+    assert "throughput" not in fold(base + slow[:8], th).findings()  # 40 s slow: not yet
+
+
+def test_throughput_baseline_skips_the_warm_up():
+    warm = steps(2, sps=10.0)                                   # steps 10, 20: compiling
+    rest = steps(18, start=30, sps=100.0)
+    rules = fold(warm + rest)
+    assert rules.rules[-1].floor() == (100.0, 75.0)
+
+
+def test_throughput_60_60_60_60_100_still_latches():
+    """The v0.1 pre-filter missed this: the rule holds on the record window, whatever the newest one."""
+    th = Thresholds(throughput_window=1)
+    seq = steps(20) + steps(5, start=210, t0=20, sps=[60.0, 60.0, 60.0, 60.0, 100.0]) + steps(2, start=260, t0=25, sps=100.0)
+    assert fold(seq, th).findings()["throughput"].step == 240  # median of 5 below 75 from step 230, held 1 s
+
+
+def test_overfit_is_a_warning_unless_its_flag_is_set():
+    train = falling(40)
+    evals = [{"step": 100 * i, "eval_loss": v} for i, v in enumerate([1.0, 0.9, 0.95, 1.0, 1.1], 1)]
+    seq = [r for pair in zip(train[::8], evals) for r in pair]
+    rules = fold(seq)
+    assert rules.findings() == {} and rules.warnings()[0].kind == "overfit"
+    assert "rising for 3 evals" in rules.warnings()[0].message
+    assert fold(seq, Thresholds(overfit_alarm=True)).findings()["overfit"].step == 500
+
+
+def test_a_start_record_begins_a_new_run():
+    rules = fold(steps(3) + [{"step": 31, "t": 3, "FATAL": "old"}])
+    assert "fatal" in rules.findings()
+    rules.add({"event": "start", "t": 0, "run_id": "b", "attempt": 2})
+    rules.add(steps(1)[0])
+    assert rules.findings() == {} and rules.run.start["attempt"] == 2 and rules.starts == 1
 
 
 def win(**kw):
-    base = dict(now=1000.0, started=0.0, watch_started=0.0, steps=steps(5), metrics_mtime=999.0,
-                last_step=50, processes=(Process(1, "running"),))
+    base = dict(now=1000.0, started=0.0, watch_started=0.0, has_steps=True, metrics_mtime=999.0, quiet_since=999.0,
+                last_step=50, processes=(Process(1, "running", "start record"),))
     base.update(kw)
     return Window(**base)
 
 
-CASES = [
-    ("nan", win(first_nonfinite=steps(1, loss=float("nan"))[0])),
-    ("fatal", win(fatal={"step": 40, "FATAL": "boom"})),
+WINDOWS = [
+    ("blind", win(blind="metrics.jsonl is a FIFO, not a regular file")),
     ("oom", win(processes=(Process(1, "gone"),), log_tail=("RuntimeError: CUDA out of memory.",))),
     ("crash", win(processes=(Process(1, "zombie"),), log_tail=("Traceback (most recent call last):",
                                                               '  File "x.py", line 1', "KeyError: 'label'"))),
+    ("crash", win(processes=(), orphan=True, orphan_for=10.0, log_tail=("Traceback (most recent call last):",
+                                                                        "SystemExit: bad flag"))),
     ("dead", win(processes=(Process(1, "gone"),))),
+    ("dead", win(processes=(), orphan=True, orphan_for=11.0)),
+    ("dead", win(processes=(Process(1, "gone"), Process(2, "running")), died_for=11.0)),
     ("stall", win(processes=(Process(1, "stopped"),))),
-    ("stall", win(metrics_mtime=1000.0 - 361)),
-    ("no_telemetry", win(steps=(), now=301.0)),
-    ("inverted_labels", win(first_inverted={"step": 20, "eval_auroc": 0.2})),
-    ("stuck_auroc", win(last_eval={"step": 500, "eval_auroc": 0.6})),
-    ("chance_loss", win(steps=steps(5, start=400, loss=0.70))),
-    ("grad_explode", win(steps=steps(5, grad_norm=51.0))),
-    ("grad_collapse", win(steps=steps(5, grad_norm=1e-4))),
-    ("throughput", win(steps=steps(5, start=300, sps=70.0), baseline_sps=(100.0,) * 20)),
+    ("stall", win(quiet_since=1000.0 - 361)),
+    ("stall", win(quiet_since=1000.0 - 61, stall_after=60.0, stall_why=" (learned: 5 x the longest gap 2s)")),
+    ("no_telemetry", win(has_steps=False, now=301.0)),
     ("gpu_idle", win(gpu_util=0.0, gpu_idle_for=301.0, now=1000.0)),
-    ("timeout", win(now=10801.0, metrics_mtime=10800.0)),
+    ("timeout", win(now=10801.0, quiet_since=10800.0)),
 ]
 
 
-@pytest.mark.parametrize("kind,window", CASES, ids=[f"{k}-{i}" for i, (k, _) in enumerate(CASES)])
-def test_each_kind_fires_with_one_message_shape(kind, window):
+@pytest.mark.parametrize("kind,window", WINDOWS, ids=[f"{k}-{i}" for i, (k, _) in enumerate(WINDOWS)])
+def test_each_process_rule_fires_with_one_message_shape(kind, window):
     found = evaluate(window, TH)
-    assert found is not None and found.kind == kind
-    assert SHAPE.match(found.message), found.message
-    assert found.message.startswith(f"ANOMALY {kind}: ")
+    assert found is not None and found.kind == kind, found
+    assert SHAPE.match(found.message) and found.message.startswith(f"ANOMALY {kind}: "), found.message
 
 
-HEALTHY = [
-    ("one grad spike", win(steps=steps(4) + steps(1, start=60, grad_norm=1e4))),
-    ("four high grads", win(steps=steps(4, grad_norm=80.0))),
-    ("grad at 50 exactly", win(steps=steps(5, grad_norm=50.0))),
-    ("chance loss before chance-step", win(steps=steps(5, start=100, loss=0.69))),
-    ("loss above chance band", win(steps=steps(5, start=400, loss=0.9))),
-    ("low auroc before warm-up", win(last_eval={"step": 400, "eval_auroc": 0.55})),
-    ("auroc 0.31 is not inverted", win(first_inverted=None, last_eval={"step": 20, "eval_auroc": 0.31})),
-    ("throughput dip of 20%", win(steps=steps(5, start=300, sps=80.0), baseline_sps=(100.0,) * 20)),
-    ("throughput window overlaps baseline", win(steps=steps(5, start=180, sps=10.0), baseline_sps=(100.0,) * 5)),
-    ("silent start inside the grace", win(steps=(), now=299.0)),
-    ("old metrics but a fresh watchdog", win(metrics_mtime=0.0, watch_started=900.0)),
+QUIET = [
+    ("silent start inside the grace", win(has_steps=False, now=299.0)),
+    ("one rank gone inside the grace", win(processes=(Process(1, "gone"), Process(2, "running")), died_for=5.0)),
+    ("orphan inside its grace", win(processes=(), orphan=True, orphan_for=5.0)),
     ("gpu idle inside the grace", win(gpu_util=0.0, gpu_idle_for=301.0, now=300.0)),
     ("no gpu", win(gpu_util=None)),
-    ("tiny grads on a solved task", win(steps=steps(5, grad_norm=1e-4, loss=1e-4))),
+    ("quiet but inside an announced pause", win(quiet_since=500.0, stall_after=600.0)),
 ]
 
 
-@pytest.mark.parametrize("name,window", HEALTHY, ids=[n for n, _ in HEALTHY])
+@pytest.mark.parametrize("name,window", QUIET, ids=[n for n, _ in QUIET])
 def test_healthy_look_alikes_do_not_fire(name, window):
     assert evaluate(window, TH) is None
 
 
-@pytest.mark.parametrize("window,kind", [
-    (win(first_nonfinite=steps(1, loss=None)[0], processes=(Process(1, "gone"),)), "nan"),
-    (win(fatal={"step": 3, "FATAL": "x"}, processes=(Process(1, "gone"),),
-         log_tail=("MemoryError",)), "fatal"),
+@pytest.mark.parametrize("window,findings,kind", [
+    (win(processes=(Process(1, "gone"),)), {"nan": "n"}, "nan"),
+    (win(processes=(Process(1, "gone"),), log_tail=("MemoryError",)), {"fatal": "f"}, "fatal"),
     (win(processes=(Process(1, "gone"),), log_tail=("Traceback (most recent call last):",
-                                                    "torch.OutOfMemoryError: CUDA out of memory")), "oom"),
-    (win(processes=(Process(1, "gone"),), metrics_mtime=0.0), "dead"),
-    (win(first_inverted={"step": 600, "eval_auroc": 0.1}, last_eval={"step": 600, "eval_auroc": 0.1}),
-     "inverted_labels"),
+                                                    "torch.OutOfMemoryError: CUDA out of memory")), {}, "oom"),
+    (win(processes=(Process(1, "gone"),), quiet_since=0.0), {}, "dead"),
+    (win(), {"stuck_auroc": "s", "inverted_labels": "i"}, "inverted_labels"),
+    (win(), {"loss_spike": "s", "diverged": "d"}, "diverged"),
 ])
-def test_most_specific_kind_wins(window, kind):
-    assert evaluate(window, TH).kind == kind
+def test_most_specific_kind_wins(window, findings, kind):
+    from supervise.rules import Anomaly
+    found = evaluate(window, TH, {k: Anomaly(k, 1, v) for k, v in findings.items()})
+    assert found.kind == kind
 
 
-def test_rules_cover_every_kind():
-    assert set(RULES) == set(KINDS) and len(KINDS) == len(set(KINDS))
+def test_every_rule_has_a_kind_and_kinds_are_unique():
+    kinds = {r.kind for r in RECORD_RULES} | set(WINDOW_RULES)
+    assert kinds <= set(KINDS) and len(KINDS) == len(set(KINDS))
 
 
 def test_every_threshold_is_documented():
     for name, default, unit, doc, _ in Thresholds.describe():
         assert unit and len(doc) > 15, name
+
+
+@pytest.mark.parametrize("saved", [None, [], "x", {"max_stall": "soon", "sustain": True, "min_auroc": -1},
+                                   {"max_stall": 1e400}])
+def test_thresholds_from_a_bad_watchdog_json_take_defaults(saved):
+    assert Thresholds.from_dict(saved) == Thresholds()

@@ -56,8 +56,20 @@ CASES = [
          kind="grad_explode", step=240),
     Case("grad_collapse", ("--records", 60, "--grad-from", 200, "--grad-value", 1e-5, *ALIVE),
          kind="grad_collapse", step=240),
-    Case("throughput", ("--records", 80, "--sps-from", 300, "--sps-value", 60, *ALIVE),
-         kind="throughput", step=320),  # median of 5: 3 slow records,
+    # throughput: a drop must hold for --throughput-window of record time (10 s per record here):
+    # the median of 5 falls below the floor at step 320, and has held 100 s at step 420
+    Case("throughput", ("--records", 80, "--virtual-dt", 10, "--sps-from", 300, "--sps-value", 60, *ALIVE),
+         ("--throughput-window", "100"), kind="throughput", step=420),
+    Case("throughput_blip_is_not_an_alarm", ("--records", 60, "--virtual-dt", 10, "--sps-from", 500,
+                                             "--sps-value", 60)),  # 100 s slow < the 300 s window
+    # divergence: finite, far above the best median (LR=1000 took the loss to 2e4)
+    Case("diverged", ("--records", 60, "--loss-from", 200, "--loss-value", 2e4, *ALIVE), kind="diverged", step=240),
+    Case("sustained_loss_spike", ("--records", 60, "--loss-from", 300, "--loss-value", 1.5, *ALIVE),
+         kind="loss_spike", step=340),
+    Case("single_loss_spike", ("--records", 40, "--loss-from", 300, "--loss-until", 300, "--loss-value", 5.0)),
+    Case("lm_at_chance", ("--records", 60, "--task", "lm", "--vocab-size", 1000, "--loss", 6.9, *ALIVE),
+         kind="chance_loss", step=400),
+    Case("announced_pause", ("--records", 30, "--expect-at", 100, "--pause", 3), ("--max-stall", 1.5)),
     Case("timeout", ("--records", 1000, *ALIVE), ("--hard-timeout", 1.5), kind="timeout"),
 ]
 
@@ -162,6 +174,7 @@ class FakeGpu:
 def test_gpu_idle_through_injected_probe(util, kind, tmp_path, trainer, capsys):
     records = 60 if kind is None else 2000
     t = trainer(tmp_path, "--records", records, "--dt", 0.03, *(ALIVE if kind else ()))
+    t.wait_for_line(tmp_path / "metrics.jsonl", 3)  # the first step record is there: no speed race
     th = Thresholds(poll=0.1, startup_grace=0.3, gpu_idle=0.5, max_stall=30)
     w = Watcher(tmp_path, th, pids=[t.pid], gpu=FakeGpu(util))
     timer = threading.Timer(20, lambda: os.kill(os.getpid(), signal.SIGTERM))
@@ -206,6 +219,13 @@ def test_durations_accept_units(tmp_path, trainer):
     assert rc == 7 and out.startswith("ANOMALY timeout: wall time = ") and "> 1.2s at step" in out
 
 
+# kinds whose scenario lives in another test (the file that proves it)
+ELSEWHERE = {"dead": "test_real_signal_is_caught_within_one_poll", "stall": "test_real_signal_is_caught_within_one_poll",
+             "gpu_idle": "test_gpu_idle_through_injected_probe", "blind": "test_blind_watchdog_says_so",
+             "overfit": "test_rules.py", "rank_hang": "test_ranks.py", "straggler": "test_ranks.py",
+             "node_fail": "test_slurm.py", "preempted": "test_slurm.py", "no_progress": "test_recovery.py"}
+
+
 def test_every_kind_has_a_scenario():
-    covered = {c.kind for c in CASES} | {"dead", "stall", "gpu_idle"}
+    covered = {c.kind for c in CASES} | set(ELSEWHERE)
     assert covered >= set(KINDS)

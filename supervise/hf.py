@@ -1,0 +1,144 @@
+"""Contract v0.2 telemetry for the Hugging Face Trainer and every TRL trainer (SFT, DPO, GRPO...).
+
+    from supervise.hf import TelemetryCallback
+    trainer = Trainer(..., callbacks=[TelemetryCallback(args.output_dir)])
+
+Task, vocabulary or label count, total steps, batch and world size come from the trainer.
+The Trainer's default ``logging_nan_inf_filter=True`` hides a NaN loss from ``on_log`` (it logs
+the window's running mean, or 0.0); this callback does not rely on it: a forward hook reads the
+raw loss of every micro-batch (for trainers whose model returns no loss, DPO or GRPO, the
+gradients are checked before each optimizer step), and the first non-finite one writes FATAL
+and raises ``FloatingPointError`` from the step where it happened.
+"""
+from __future__ import annotations
+
+import math
+
+from transformers import TrainerCallback
+
+from supervise.telemetry import Telemetry
+
+
+def model_task(model) -> dict:
+    """task / num_labels / vocab_size from a model's class and config (PEFT wrappers too)."""
+    name = type(model).__name__
+    base = getattr(model, "get_base_model", None)
+    if base is not None:  # PEFT
+        name = type(base()).__name__
+    config = getattr(model, "config", None)
+    if "SequenceClassification" in name or "TokenClassification" in name:
+        if getattr(config, "problem_type", None) == "regression" or getattr(config, "num_labels", 0) == 1:
+            return {"task": "regression"}
+        return {"task": "classification", "num_labels": getattr(config, "num_labels", None)}
+    if any(k in name for k in ("CausalLM", "LMHead", "MaskedLM", "Seq2SeqLM", "ConditionalGeneration")):
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        return {"task": "lm", "vocab_size": getattr(text, "vocab_size", None)}
+    return {"task": "other"}
+
+
+class TelemetryCallback(TrainerCallback):
+    """Writes RUN_DIR/metrics.jsonl (rank 0), RUN_DIR/ranks/rank-<N>.jsonl (every rank) and,
+    when training completes, the sentinel RUN_DIR/final_val_metrics.json.
+
+    Step records every ``every`` optimizer steps (the raw loss averaged since the last record)
+    and at each of the Trainer's logging steps (then with its pre-clip grad norm); eval records
+    carry every ``eval_*`` metric the Trainer reports. Keyword arguments override what is read
+    from the trainer (task, num_labels, vocab_size, total_steps, batch_size, world_size, rank,
+    attempt, resume).
+    """
+
+    def __init__(self, run_dir, *, every: int = 10, **overrides):
+        self.run_dir, self.every, self.overrides = str(run_dir), max(int(every), 1), overrides
+        self.tm: Telemetry | None = None
+        self._hook = None
+        self._losses: list = []  # raw micro-batch losses (tensors) since the last record
+        self._step_losses: list = []  # those of the current optimizer step
+        self._final: dict = {}
+        self._eval_seconds = 0.0
+
+    # -- start
+    def on_train_begin(self, args, state, control, model=None, **kw):
+        fields = dict(model_task(model) if model is not None else {"task": "other"},
+                      total_steps=state.max_steps,
+                      batch_size=args.per_device_train_batch_size * args.gradient_accumulation_steps,
+                      world_size=args.world_size, rank=args.process_index,
+                      resume=state.global_step > 0)
+        fields.update(self.overrides)
+        self.tm = Telemetry(self.run_dir, **fields)
+        if model is not None and self._hook is None:
+            self._hook = model.register_forward_hook(self._capture)
+
+    def _capture(self, module, inputs, output):
+        if not module.training:
+            return
+        loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
+        if loss is not None and getattr(loss, "numel", lambda: 0)() == 1:
+            self._step_losses.append(loss.detach())
+
+    # -- every optimizer step
+    def on_pre_optimizer_step(self, args, state, control, model=None, **kw):
+        if self._step_losses or model is None or self.tm is None:
+            return
+        import torch  # a trainer whose model returns no loss (DPO, GRPO...): check the gradients
+
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        if grads and not torch.isfinite(torch.nn.utils.get_total_norm(grads)):
+            self._fatal(state.global_step + 1, "non-finite gradients (the model's loss is not visible)")
+
+    def on_step_end(self, args, state, control, **kw):
+        if self.tm is None:
+            return
+        step_losses, self._step_losses = self._step_losses, []
+        if step_losses:
+            import torch
+
+            raw = float(torch.stack([x.float() for x in step_losses]).mean())
+            if not math.isfinite(raw):
+                self._fatal(state.global_step, f"non-finite loss {raw} at step {state.global_step} "
+                                               "(raw per-step loss, before the Trainer's NaN filter)")
+            self._losses.append(raw)
+        if control.should_evaluate and self._eval_seconds:  # announce the silence
+            self.tm.expect(max(60.0, 2 * self._eval_seconds), "eval")
+        if state.global_step % self.every == 0 and not control.should_log:
+            self.tm.step(state.global_step, self._mean_loss(), lr=_lr(kw.get("lr_scheduler")))
+
+    # -- the Trainer's own logs: its pre-clip grad norm, and every eval metric
+    def on_log(self, args, state, control, logs=None, **kw):
+        logs = logs or {}
+        if self.tm is None:
+            return
+        if "loss" in logs:
+            loss = self._mean_loss()
+            self.tm.step(state.global_step, logs["loss"] if loss is None else loss,
+                         lr=logs.get("learning_rate"), grad_norm=logs.get("grad_norm"),
+                         epoch=logs.get("epoch"))
+        evals = {k: v for k, v in logs.items() if k.startswith("eval_")}
+        if evals:
+            self.tm.eval(state.global_step, **evals)
+            self._final.update(evals)
+            self._eval_seconds = float(logs.get("eval_runtime") or 0.0)
+
+    def on_train_end(self, args, state, control, **kw):
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        if self.tm is not None:
+            self.tm.done(step=state.global_step, **self._final)
+            self.tm = None
+
+    # -- plumbing
+    def _mean_loss(self):
+        losses, self._losses = self._losses, []
+        return sum(losses) / len(losses) if losses else None
+
+    def _fatal(self, step, reason):
+        self.tm.fatal(step, reason)
+        self.tm.close()
+        raise FloatingPointError(reason + ": lower the learning rate or check the inputs")
+
+
+def _lr(scheduler):
+    try:
+        return float(scheduler.get_last_lr()[0])
+    except (AttributeError, IndexError, TypeError):
+        return None

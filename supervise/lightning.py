@@ -1,0 +1,107 @@
+"""Contract v0.2 telemetry for a Lightning ``Trainer`` (``lightning``, else ``pytorch_lightning``).
+
+    from supervise.lightning import TelemetryCallback
+    trainer = L.Trainer(..., callbacks=[TelemetryCallback("runs/a")])
+
+Safe from the sanity check on (Lightning runs it before ``on_train_start``: nothing is written
+until training starts, and sanity-check metrics are never eval records). Rank 0 writes
+metrics.jsonl, every rank its heartbeat file. Step records every ``every`` optimizer steps carry
+the raw loss (``training_step``'s, before the division by ``accumulate_grad_batches``) and the
+pre-clip gradient norm (read in ``on_before_optimizer_step``); the first non-finite one writes
+FATAL and raises ``FloatingPointError``. Validation metrics become eval records (``val_loss``
+and ``val/loss`` -> ``eval_loss``); the sentinel is written when ``fit`` completes.
+"""
+from __future__ import annotations
+
+import math
+
+try:
+    import lightning.pytorch as pl
+except ImportError:  # the older package name
+    import pytorch_lightning as pl
+
+from supervise.telemetry import Telemetry
+
+VAL_PREFIXES = ("validation_", "validation/", "valid_", "valid/", "val_", "val/", "eval_", "eval/")
+
+
+def eval_name(key: str) -> str | None:
+    """The eval metric name of a logged key, or None when it is not a validation metric."""
+    for prefix in VAL_PREFIXES:
+        if key.startswith(prefix):
+            return key[len(prefix):].replace("/", "_")
+    return None
+
+
+class TelemetryCallback(pl.Callback):
+    """Keyword arguments override what is read from the trainer (task, num_labels, vocab_size,
+    total_steps, batch_size, world_size, rank, attempt, resume). task defaults to "other"."""
+
+    def __init__(self, run_dir, *, every: int = 10, **overrides):
+        self.run_dir, self.every, self.overrides = str(run_dir), max(int(every), 1), overrides
+        self.tm: Telemetry | None = None
+        self._losses: list = []
+        self._grad_norm = None
+        self._logged = -1
+        self._final: dict = {}
+
+    def on_train_start(self, trainer, pl_module):
+        if self.tm is not None:
+            return
+        loader = trainer.train_dataloader
+        per_batch = getattr(loader, "batch_size", None)
+        total = trainer.estimated_stepping_batches
+        fields = dict(task="other", total_steps=int(total) if math.isfinite(total) else None,
+                      batch_size=per_batch * trainer.accumulate_grad_batches if per_batch else None,
+                      world_size=trainer.world_size, rank=trainer.global_rank,
+                      resume=trainer.global_step > 0)
+        fields.update(self.overrides)
+        self.tm = Telemetry(self.run_dir, **fields)
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        if self.tm is None or (trainer.global_step + 1) % self.every:
+            return
+        import torch
+
+        grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
+        self._grad_norm = float(torch.nn.utils.get_total_norm(grads)) if grads else None
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if self.tm is None:
+            return
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if loss is not None:
+            raw = float(loss) * trainer.accumulate_grad_batches
+            if not math.isfinite(raw):
+                self.tm.step(trainer.global_step, raw)  # writes FATAL and raises
+            self._losses.append(raw)
+        step = trainer.global_step
+        if step % self.every == 0 and step != self._logged and step > 0:
+            self._logged = step
+            losses, self._losses = self._losses, []
+            lr = trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else None
+            grad_norm, self._grad_norm = self._grad_norm, None
+            self.tm.step(step, sum(losses) / len(losses) if losses else None, lr=lr,
+                         grad_norm=grad_norm, epoch=trainer.current_epoch)
+
+    def on_validation_end(self, trainer, pl_module):
+        if self.tm is None or trainer.sanity_checking:
+            return
+        metrics = {}
+        for key, value in trainer.callback_metrics.items():
+            name = eval_name(key)
+            if name:
+                metrics[name] = value
+        if metrics:
+            self.tm.eval(trainer.global_step, **metrics)
+            self._final.update({"eval_" + k: float(v) for k, v in metrics.items()})
+
+    def on_train_end(self, trainer, pl_module):
+        if self.tm is not None:
+            self.tm.done(step=trainer.global_step, **self._final)
+            self.tm = None
+
+    def on_exception(self, trainer, pl_module, exception):
+        if self.tm is not None:  # the Telemetry context manager's behaviour: FATAL, then re-raise
+            self.tm.__exit__(type(exception), exception, exception.__traceback__)
+            self.tm = None

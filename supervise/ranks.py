@@ -1,0 +1,406 @@
+"""Every rank's heartbeat: read RUN_DIR/ranks/rank-<N>.jsonl cheaply, name the rank that hangs,
+died or straggles (standard library only; the watchdog's hot path).
+
+    files = RankFiles(run_dir)                 # keep it: it remembers where each file was read to
+    ranks = files.poll()                       # {rank: RankState}, only appended bytes are read
+    procs = {pid: probe(pid) for pid in local_pids(ranks)}   # 'running'|'sleeping'|'stopped'|'gone'|'zombie'
+    found = (rank_fatal(ranks) or rank_dead(ranks, procs)
+             or rank_hang(ranks, now, procs, stall_s=300) or straggler(ranks, now, window_s=300))
+    lines = rank_lines(ranks, now, procs)      # check-in: one line per rank, healthy ones summarized
+
+A heartbeat line (contract v0.2) is ``{"rank","local_rank","host","pid","step","t","time","sps"}``;
+a rank's FATAL line ``{"step","t","FATAL","rank","pid"}``. Torn last lines, garbage, missing
+files and non-regular files are tolerated: a bad line is skipped, a bad file is left out.
+The rules are pure: state + ``now`` + process states + numbers in, ``Anomaly | None`` out.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Optional
+
+from .logs import RootCause, oom_line
+from .rules import Anomaly, anomaly, secs
+
+MAX_READ = 256 << 10      # bytes read from one rank file per poll (the rest is skipped, oldest first)
+MAX_PARTIAL = 64 << 10    # a torn line longer than this is garbage, not a line in progress
+HISTORY = 512             # (time, sps) samples kept per rank
+GONE = ("gone", "zombie", "dead")
+
+
+@dataclass
+class RankState:
+    """What one rank's heartbeat file has said. ``time`` is the wall clock of its last heartbeat
+    (the record's "time", else the file's mtime when it was read); ``sps`` its last throughput."""
+
+    rank: int
+    path: str
+    local_rank: Optional[int] = None
+    host: str = ""
+    pid: Optional[int] = None
+    step: Optional[int] = None
+    t: Optional[float] = None
+    time: Optional[float] = None
+    sps: Optional[float] = None
+    mtime: Optional[float] = None
+    fatal: Optional[str] = None                 # a FATAL record's reason, when the rank wrote one
+    history: deque = field(default_factory=lambda: deque(maxlen=HISTORY))  # (time, sps)
+    records: int = 0                            # heartbeats parsed so far
+
+    @property
+    def last_seen(self) -> Optional[float]:
+        """Wall clock of the last sign of life: the newer of the record's time and the mtime."""
+        seen = [x for x in (self.time, self.mtime) if x is not None]
+        return max(seen) if seen else None
+
+    def where(self) -> str:
+        """``pid 4242 on node-a`` (what is known of it)."""
+        bits = [f"pid {self.pid}" if self.pid else "", f"on {self.host}" if self.host else ""]
+        return " ".join(b for b in bits if b)
+
+
+class _Tail:
+    __slots__ = ("offset", "partial", "ino", "size")
+
+    def __init__(self):
+        self.offset, self.partial, self.ino, self.size = 0, b"", None, -1
+
+
+def _num(x) -> Optional[float]:
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return None
+    x = float(x)
+    return x if x == x and abs(x) != float("inf") else None
+
+
+class RankFiles:
+    """The heartbeat files of one run directory, read incrementally.
+
+    ``poll()`` lists RUN_DIR/ranks/rank-<N>.jsonl, stats each file and reads only the bytes
+    appended since the last poll (at most MAX_READ per file: a file that grew more is read from
+    its last MAX_READ bytes). A file that shrank or was replaced is read again from its start.
+    Returns ``{rank: RankState}`` for the files that held at least one heartbeat or FATAL."""
+
+    def __init__(self, run_dir):
+        self.dir = Path(run_dir) / "ranks"
+        self._tails: dict[int, _Tail] = {}
+        self.state: dict[int, RankState] = {}
+        self.skipped = 0      # garbage lines seen so far
+
+    def poll(self) -> dict[int, RankState]:
+        try:
+            entries = list(os.scandir(self.dir))
+        except OSError:
+            return {r: s for r, s in self.state.items() if s.records or s.fatal}
+        for e in entries:
+            name = e.name
+            if not (name.startswith("rank-") and name.endswith(".jsonl")):
+                continue
+            num = name[5:-6]
+            if not num.isdigit():
+                continue
+            self._read(int(num), e.path)
+        return {r: s for r, s in self.state.items() if s.records or s.fatal}
+
+    def _read(self, rank: int, path: str):
+        try:
+            st = os.stat(path)
+        except OSError:
+            return
+        if not stat.S_ISREG(st.st_mode):
+            return
+        tail = self._tails.get(rank)
+        if tail is None:
+            tail = self._tails[rank] = _Tail()
+        s = self.state.get(rank)
+        if s is None:
+            s = self.state[rank] = RankState(rank=rank, path=path)
+        if tail.ino is not None and (st.st_ino != tail.ino or st.st_size < tail.offset):
+            tail.offset, tail.partial = 0, b""   # replaced or truncated: a new file
+        tail.ino = st.st_ino
+        s.mtime = st.st_mtime
+        if st.st_size == tail.offset:
+            return
+        start = tail.offset
+        if st.st_size - start > MAX_READ:
+            start, tail.partial = st.st_size - MAX_READ, b""
+            cut = True
+        else:
+            cut = False
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        except OSError:
+            return
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return
+            os.lseek(fd, start, os.SEEK_SET)
+            data = os.read(fd, st.st_size - start)
+        except OSError:
+            return
+        finally:
+            os.close(fd)
+        tail.offset = start + len(data)
+        data = tail.partial + data
+        lines = data.split(b"\n")
+        tail.partial = lines.pop()
+        if len(tail.partial) > MAX_PARTIAL:
+            tail.partial = b""
+            self.skipped += 1
+        if cut and lines:
+            lines = lines[1:]  # the first one was cut by the bounded read
+        for raw in lines:
+            self._apply(s, raw)
+
+    def _apply(self, s: RankState, raw: bytes):
+        if not raw.strip():
+            return
+        try:
+            rec = json.loads(raw)
+        except ValueError:
+            self.skipped += 1
+            return
+        if not isinstance(rec, dict):
+            self.skipped += 1
+            return
+        if "FATAL" in rec:
+            s.fatal = str(rec.get("FATAL"))[:300]
+        step = rec.get("step")
+        if isinstance(step, bool) or not isinstance(step, int):
+            step = int(step) if isinstance(step, float) and step == step and abs(step) < 1e18 else None
+        if step is None:
+            return
+        if "FATAL" not in rec:
+            s.records += 1
+        s.step = step
+        host = rec.get("host")
+        if isinstance(host, str):
+            s.host = host[:100]
+        for name in ("pid", "local_rank"):
+            v = rec.get(name)
+            if isinstance(v, int) and not isinstance(v, bool):
+                setattr(s, name, v)
+        t, when, sps = _num(rec.get("t")), _num(rec.get("time")), _num(rec.get("sps"))
+        if t is not None:
+            s.t = t
+        s.time = when if when is not None else s.mtime
+        if sps is not None:
+            s.sps = sps
+            if s.time is not None:
+                s.history.append((s.time, sps))
+
+
+def local_pids(ranks: Mapping[int, RankState], host: Optional[str] = None) -> list[int]:
+    """The pids of the ranks on this machine (``host``, default this hostname): the only ones
+    whose process state can be probed. Remote ranks are judged by their files alone."""
+    me = host or socket.gethostname()
+    return sorted({s.pid for s in ranks.values() if s.pid and (s.host == me or not s.host)})
+
+
+def _ranks_text(nums) -> str:
+    """0-5,7,9-12"""
+    nums = sorted(set(nums))
+    out, i = [], 0
+    while i < len(nums):
+        j = i
+        while j + 1 < len(nums) and nums[j + 1] == nums[j] + 1:
+            j += 1
+        out.append(str(nums[i]) if i == j else f"{nums[i]}-{nums[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def _others(ranks, bad) -> str:
+    more = [r for r in bad[1:]]
+    return f" (and rank{'s' if len(more) > 1 else ''} {_ranks_text(more)})" if more else ""
+
+
+def _step(ranks: Mapping[int, RankState]) -> int:
+    steps = [s.step for s in ranks.values() if s.step is not None]
+    return max(steps) if steps else 0
+
+
+def rank_fatal(ranks: Mapping[int, RankState]) -> Optional[Anomaly]:
+    """A rank wrote a FATAL record (Telemetry does so before raising): ``fatal``, naming it."""
+    bad = sorted(r for r, s in ranks.items() if s.fatal)
+    if not bad:
+        return None
+    s = ranks[bad[0]]
+    return anomaly("fatal", f"rank {s.rank} ({s.where()}) FATAL = {s.fatal[:200]!r} written{_others(ranks, bad)}",
+                   s.step or 0, "That rank stopped itself: fix the reason it gives, then relaunch "
+                   "from the last checkpoint")
+
+
+def rank_dead(ranks: Mapping[int, RankState], procs: Mapping[int, str]) -> Optional[Anomaly]:
+    """A local rank whose process is gone (or a zombie): ``dead``, naming rank and pid.
+    ``procs``: pid -> state of the local ranks' pids (``local_pids``); a pid absent from it is
+    not judged. Call it only while the run has no sentinel (a finished run's ranks exit)."""
+    bad = sorted(r for r, s in ranks.items() if s.pid in procs and procs[s.pid] in GONE)
+    if not bad:
+        return None
+    s = ranks[bad[0]]
+    return anomaly("dead", f"rank {s.rank} ({s.where()}) = {procs[s.pid]} != alive{_others(ranks, bad)}",
+                   s.step or 0, "That rank's process exited without the run finishing: read its "
+                   "error in train.log (checkin.py shows torchrun's root cause), then relaunch from "
+                   "the last checkpoint")
+
+
+def rank_hang(ranks: Mapping[int, RankState], now: float, procs: Mapping[int, str],
+              stall_s: float) -> Optional[Anomaly]:
+    """The rank that holds the others up: ``rank_hang``, naming rank, pid and host.
+
+    - a local rank whose process is ``stopped`` (SIGSTOP, Ctrl-Z, a debugger): at once;
+    - a rank silent for more than ``stall_s`` while another rank wrote within ``stall_s``;
+    - all ranks silent for more than ``stall_s`` but one behind the others' step: that one
+      (the others wait for it in a collective). All silent at the same step is no rank's fault:
+      None (the run-level stall rule reports it).
+    ``stall_s`` may be the learned (adaptive) stall time."""
+    if len(ranks) < 1:
+        return None
+    stopped = sorted(r for r, s in ranks.items() if s.pid is not None and procs.get(s.pid) == "stopped")
+    if stopped:
+        s = ranks[stopped[0]]
+        return anomaly("rank_hang", f"rank {s.rank} ({s.where()}) state = stopped != running{_others(ranks, stopped)}",
+                       s.step or 0, f"The rank is suspended (SIGSTOP, Ctrl-Z or a debugger) and the others "
+                       f"wait for it: resume it with kill -CONT {s.pid}, or kill the job and relaunch")
+    if len(ranks) < 2:
+        return None
+    age = {r: now - s.last_seen for r, s in ranks.items() if s.last_seen is not None}
+    silent = sorted((r for r, a in age.items() if a > stall_s and procs.get(ranks[r].pid) not in GONE),
+                    key=lambda r: (-age[r], r))
+    if not silent:
+        return None
+    writing = [r for r, a in age.items() if a <= stall_s]
+    if writing:
+        w = max(writing, key=lambda r: (ranks[r].step or 0, -r))
+        s, o = ranks[silent[0]], ranks[w]
+        why = f"while rank {o.rank} wrote at step {o.step} {secs(max(age[w], 0))} ago"
+    else:
+        steps = {r: ranks[r].step for r in silent if ranks[r].step is not None}
+        if len(set(steps.values())) < 2:
+            return None
+        low = min(steps.values())
+        behind = sorted((r for r in steps if steps[r] == low), key=lambda r: (-age[r], r))
+        silent = behind
+        o = ranks[max(steps, key=lambda r: (steps[r], -r))]
+        s = ranks[behind[0]]
+        why = f"behind rank {o.rank} at step {o.step}"
+    pid = s.pid if s.pid else "PID"
+    return anomaly("rank_hang", f"rank {s.rank} ({s.where()}) silent = {secs(age[s.rank])} > {secs(stall_s)} "
+                   f"{why}{_others(ranks, silent)}", s.step or 0,
+                   f"That rank hangs and the others will wait for it until the collective timeout: "
+                   f"py-spy dump --pid {pid} on {s.host or 'its node'} shows where (a dataloader, a "
+                   f"collective, I/O); kill -CONT {pid} if it was stopped, else kill the job and relaunch")
+
+
+def straggler(ranks: Mapping[int, RankState], now: float, window_s: float,
+              ratio: float = 0.75) -> Optional[Anomaly]:
+    """A rank whose every sps sample in the last ``window_s`` (and the one before, so that the
+    slowness is known to span the window) is below ``ratio`` x the median sps of the other ranks
+    over the same window: ``straggler``. Needs at least two ranks with samples."""
+    start = now - window_s
+    recent = {r: [v for t, v in s.history if t >= start] for r, s in ranks.items()}
+    recent = {r: v for r, v in recent.items() if v}
+    if len(recent) < 2:
+        return None
+    worst = None
+    for r, mine in recent.items():
+        before = [v for t, v in ranks[r].history if t < start]
+        if not before:
+            continue  # its history does not reach back over the whole window yet
+        others = [v for o, vs in recent.items() if o != r for v in vs]
+        med = statistics.median(others)
+        floor = ratio * med
+        if med > 0 and before[-1] < floor and all(v < floor for v in mine):
+            slow = statistics.median(mine)
+            if worst is None or slow / med < worst[1] / worst[2]:
+                worst = (r, slow, med, floor)
+    if worst is None:
+        return None
+    r, slow, med, floor = worst
+    s = ranks[r]
+    return anomaly("straggler", f"rank {r} ({s.where()}) median sps = {slow:.4g} < {floor:.4g} "
+                   f"({ratio:g} x the other ranks' median {med:.4g}) for {secs(window_s)}",
+                   s.step or 0, f"One rank holds the others back: check its node ({s.host or 'host'}) "
+                   "with nvidia-smi (throttling, another process, a slow GPU or link) and its dataloader; "
+                   "exclude the node and relaunch if it stays slow")
+
+
+def root_cause_anomaly(cause: RootCause, step: int, killed: Optional[str] = None,
+                       oom: bool = False) -> Anomaly:
+    """torchrun's first observed failure as an anomaly: ``oom`` when ``oom`` (from
+    ``logs.killed_reason``) or the message names an out-of-memory error, else ``crash``;
+    ``killed`` is ``killed_reason``'s text for a SIGKILL."""
+    text = cause.summary(killed)
+    kind = "oom" if oom or (cause.message and oom_line([cause.message])) else "crash"
+    fix = ("Out of memory on that rank: halve the per-device batch size (keep the effective batch with "
+           "gradient accumulation) or shorten the sequence length, then relaunch") if kind == "oom" else (
+           "The first failing rank's error is the cause, the other ranks' timeouts are fallout: fix it "
+           "(checkin.py shows the log tail), then relaunch from the last checkpoint")
+    return anomaly(kind, f"root cause = {text[:300]!r} (first observed failure)", step, fix)
+
+
+def rank_lines(ranks: Mapping[int, RankState], now: float, procs: Optional[Mapping[int, str]] = None,
+               stall_s: float = 60.0, limit_chars: int = 600) -> list[str]:
+    """Check-in lines: one per rank (``rank 1: step 120, 9.8 sps, 3s ago, running, pid 4242 on
+    node-a``) when they fit in ``limit_chars``; otherwise the ranks that are not healthy one per
+    line (stopped, gone, silent > ``stall_s``, FATAL) and one summary line for the healthy ones
+    (``ranks 0-61 healthy: steps 118-120, sps 9.7-10.4, last heartbeat <= 3s ago``).
+    The total stays within ``limit_chars`` (a last ``... N more`` line when it must)."""
+    procs = procs or {}
+    if not ranks:
+        return []
+
+    def state(s: RankState) -> str:
+        if s.fatal:
+            return "FATAL"
+        if s.pid in procs:
+            return procs[s.pid]
+        return "remote" if s.host and s.host != socket.gethostname() else "?"
+
+    def age(s: RankState) -> Optional[float]:
+        return None if s.last_seen is None else max(0.0, now - s.last_seen)
+
+    def line(s: RankState) -> str:
+        a = age(s)
+        sps = f"{s.sps:.4g} sps" if s.sps is not None else "sps ?"
+        return (f"rank {s.rank}: step {s.step if s.step is not None else '?'}, {sps}, "
+                f"{secs(a) + ' ago' if a is not None else 'never'}, {state(s)}, {s.where()}").rstrip(", ")
+
+    order = sorted(ranks)
+    full = [line(ranks[r]) for r in order]
+    if sum(len(x) + 1 for x in full) <= limit_chars:
+        return full
+
+    def healthy(s: RankState) -> bool:
+        a = age(s)
+        return (not s.fatal and state(s) not in GONE + ("stopped",) and a is not None and a <= stall_s)
+
+    good = [ranks[r] for r in order if healthy(ranks[r])]
+    bad = [ranks[r] for r in order if not healthy(ranks[r])]
+    out = []
+    if good:
+        steps = [s.step for s in good if s.step is not None]
+        sps = [s.sps for s in good if s.sps is not None]
+        ages = [age(s) for s in good]
+        bits = [f"steps {min(steps)}-{max(steps)}" if steps else "",
+                f"sps {min(sps):.4g}-{max(sps):.4g}" if sps else "",
+                f"last heartbeat <= {secs(max(ages))} ago"]
+        out.append(f"ranks {_ranks_text(s.rank for s in good)} healthy: " + ", ".join(b for b in bits if b))
+    used = sum(len(x) + 1 for x in out)
+    for i, s in enumerate(bad):
+        text = line(s)
+        rest = len(bad) - i - 1
+        reserve = 40 if rest else 0
+        if used + len(text) + 1 + reserve > limit_chars:
+            out.append(f"... {len(bad) - i} more unhealthy: ranks {_ranks_text(b.rank for b in bad[i:])}"[:limit_chars - used])
+            break
+        out.append(text)
+        used += len(text) + 1
+    return out

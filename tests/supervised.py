@@ -1,0 +1,128 @@
+"""Run a user's training script (tests/user_scripts/) as users do, beside the real watchdog.
+
+The script is launched through a shell with its output appended to RUN_DIR/train.log; the
+watchdog (scripts/watchdog.py) finds the process from the start record, as it does for users.
+Faults come from the script itself (NaN weights) or from real signals (SIGKILL, SIGSTOP).
+"""
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from conftest import ROOT
+
+USER_SCRIPTS = ROOT / "tests" / "user_scripts"
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+       "TRANSFORMERS_VERBOSITY": "error", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT)}
+# Short polls; generous grace and stall limits so that a busy machine never looks like a hang.
+WATCH = ("--poll", "0.5", "--startup-grace", "180", "--max-stall", "25")
+LINE = re.compile(r"^ANOMALY (?P<kind>[a-z_]+): .+ at step (?P<step>\d+)\. .+\.$", re.M)
+LONG = ("--steps", "100000", "--sleep", "0.05")  # alive until a signal ends it
+
+
+@dataclass
+class Fault:
+    name: str
+    args: tuple = ()
+    signal: int | None = None
+    kinds: tuple = ()  # anomaly kinds accepted; () means a healthy run: exit 0, "OK done"
+
+
+FAULTS = [
+    Fault("healthy"),
+    Fault("nan", ("--nan-at", "30"), kinds=("nan", "fatal")),
+    Fault("sigkill", LONG, signal.SIGKILL, kinds=("dead", "crash")),
+    Fault("sigstop", LONG, signal.SIGSTOP, kinds=("stall",)),
+]
+
+
+def supervised_lines(script: Path) -> list[str]:
+    """The integration: the script's lines marked '# supervise'."""
+    return [x for x in script.read_text().splitlines() if x.rstrip().endswith("# supervise")]
+
+
+def records(run: Path) -> list[dict]:
+    path = run / "metrics.jsonl"
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            pass  # a torn last line while the writer is busy
+    return out
+
+
+def wait_for(run: Path, pred, timeout: float, what: str) -> list[dict]:
+    end = time.time() + timeout
+    while time.time() < end:
+        recs = records(run)
+        if pred(recs):
+            return recs
+        time.sleep(0.2)
+    log = (run / "train.log").read_text()[-3000:] if (run / "train.log").exists() else "(no log)"
+    raise AssertionError(f"{what} never happened in {timeout}s; train.log tail:\n{log}")
+
+
+def launch(script: Path, run: Path, *args) -> subprocess.Popen:
+    """mkdir -p RUN && python -u SCRIPT --out RUN ARGS >> RUN/train.log 2>&1, through a shell."""
+    r = shlex.quote(str(run))
+    line = (f"mkdir -p {r} && {shlex.quote(sys.executable)} -u {shlex.quote(str(script))} --out {r} "
+            f"{' '.join(map(shlex.quote, args))} >> {r}/train.log 2>&1")
+    return subprocess.Popen(["bash", "-c", line], env=ENV, start_new_session=True)
+
+
+def run_supervised(script_name: str, fault: Fault, tmp_path: Path):
+    """Launch the script and the watchdog, inject the fault; (watchdog rc, its stdout, records)."""
+    run = tmp_path / "run"
+    shell = launch(USER_SCRIPTS / script_name, run, *fault.args)
+    wd = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "watchdog.py"), str(run), *WATCH],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    pid = None
+    try:
+        if fault.signal is not None:
+            recs = wait_for(run, lambda rs: sum("loss" in r for r in rs) >= 3, 240, "3 step records")
+            pid = recs[0]["pid"]
+            os.kill(pid, fault.signal)
+        out, err = wd.communicate(timeout=300)
+        return wd.returncode, out + err, records(run)
+    finally:
+        for p in (wd, shell):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        if pid is not None:  # a stopped trainer: resume it only to end it
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+        try:
+            os.killpg(shell.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def check_verdict(fault: Fault, rc: int, out: str, recs: list[dict], run: Path):
+    """The assertions every integration shares, per fault."""
+    start = recs[0]
+    assert start["event"] == "start" and len(start["run_id"]) == 32 and start["attempt"] == 1
+    if not fault.kinds:
+        assert rc == 0 and "OK done" in out, out
+        final = json.loads((run / "final_val_metrics.json").read_text())
+        assert final["run_id"] == start["run_id"]
+        return
+    assert rc == 7, out
+    m = LINE.search(out)
+    assert m and m["kind"] in fault.kinds, out
+    assert not (run / "final_val_metrics.json").exists()
+    if fault.name == "nan":
+        fatal = [r for r in recs if "FATAL" in r]
+        assert len(fatal) == 1 and 30 < fatal[0]["step"] <= 40 and "non-finite" in fatal[0]["FATAL"], fatal

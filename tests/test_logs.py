@@ -1,0 +1,156 @@
+"""Log knowledge on real torchrun output (tests/data/, recorded from tests/ddp_loop.py):
+the first failing rank's root cause, never the banner or the other ranks' fallout."""
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from supervise.logs import (KILLED_NOT_OOM, cgroup_dir, is_fallout, kernel_oom_lines, killed_reason,
+                            last_error, log_tail, oom_kills, oom_line, root_cause)
+from supervise.rules import last_error as rules_last_error, oom_line as rules_oom_line
+
+DATA = Path(__file__).parent / "data"
+
+
+def lines(name):
+    return (DATA / name).read_text().splitlines()
+
+
+@pytest.mark.parametrize("log, rank, exitcode, signal, message", [
+    ("torchrun_raise_record.log", 1, 1, None, "RuntimeError: injected failure on rank 1 at step 10"),
+    ("torchrun_raise_norecord.log", 1, 1, None, "RuntimeError: injected failure on rank 1 at step 10"),
+    ("torchrun_raise_errorfile.log", 1, 1, None, "RuntimeError: injected failure on rank 1 at step 6"),
+    ("torchrun_sigkill.log", 1, -9, "SIGKILL", None),
+])
+def test_root_cause_of_real_torchrun_logs(log, rank, exitcode, signal, message):
+    for text in (lines(log), log_tail(DATA / log)):   # raw, and through the watchdog's filter
+        cause = root_cause(text)
+        assert (cause.rank, cause.local_rank, cause.exitcode, cause.signal, cause.message) == \
+            (rank, rank, exitcode, signal, message)
+        assert cause.host == "localhost" and cause.pid > 0 and cause.time.startswith("2026-")
+        assert not cause.fallout
+
+
+@pytest.mark.parametrize("log, expected", [
+    ("torchrun_raise_record.log", "exitcode 1: RuntimeError: injected failure on rank 1 at step 10"),
+    ("torchrun_raise_norecord.log", "exitcode 1: RuntimeError: injected failure on rank 1 at step 10"),
+    ("torchrun_sigkill.log", "exitcode -9 (SIGKILL): killed by SIGKILL (not shown to be OOM)"),
+])
+def test_last_error_is_the_root_cause_not_the_banner(log, expected):
+    err = last_error(log_tail(DATA / log))
+    assert err.startswith("rank 1 (local_rank 1, pid ") and err.endswith(expected)
+    assert "=====" not in err and "ChildFailedError" not in err and "Connection closed" not in err
+    assert rules_last_error is last_error and rules_oom_line is oom_line  # callers of rules keep working
+
+
+def test_without_the_block_the_failing_rank_beats_the_fallout():
+    """torchrun still running (no failure block yet): rank 0's 'Connection closed by peer'
+    comes later in the log than rank 1's error, yet rank 1's is the one reported."""
+    text = lines("torchrun_raise_record.log")
+    cut = text[:text.index("Traceback (most recent call last):")]  # torchrun's own traceback
+    assert any("Connection closed by peer" in ln for ln in cut[-5:])
+    assert last_error(cut) == "RuntimeError: injected failure on rank 1 at step 10"
+    only_fallout = [ln for ln in cut if ln.startswith("[rank0]")]
+    assert "Connection closed by peer" in last_error(only_fallout)  # nothing better: say it
+
+
+def test_error_file_gives_the_message(tmp_path):
+    """The block names the worker's error file; when it still exists its message is read."""
+    err = tmp_path / "error.json"
+    err.write_bytes((DATA / "torchelastic_error.json").read_bytes())
+    text = [ln.replace(ln.split(": ", 1)[1], str(err)) if ln.startswith("  error_file:") else ln
+            for ln in lines("torchrun_raise_norecord.log")]
+    cause = root_cause(text)
+    assert cause.error_file == str(err)
+    assert cause.message == "RuntimeError: injected failure on rank 1 at step 6"  # the file's, not the log's step 10
+    # the launch's own TORCHELASTIC_ERROR_FILE (torchrun copies the child's into it)
+    assert root_cause(lines("torchrun_sigkill.log"), error_files=[err]).message == \
+        "RuntimeError: injected failure on rank 1 at step 6"
+
+
+@pytest.mark.parametrize("make", ["fifo", "dir", "garbage", "huge", "missing"])
+def test_a_bad_error_file_is_ignored_without_hanging(tmp_path, make):
+    p = tmp_path / "error.json"
+    if make == "fifo":
+        os.mkfifo(p)
+    elif make == "dir":
+        p.mkdir()
+    elif make == "garbage":
+        p.write_bytes(b"\x00\xff not json")
+    elif make == "huge":
+        p.write_text('{"message": "' + "x" * (1 << 20) + '"}')
+    text = [f"  error_file: {p}" if ln.startswith("  error_file:") else ln for ln in lines("torchrun_raise_norecord.log")]
+    cause = root_cause(text)
+    assert cause.error_file == str(p)
+    assert cause.message == "RuntimeError: injected failure on rank 1 at step 10"  # from the rank's own lines
+
+
+def test_no_block_no_cause_and_plain_tracebacks_still_work():
+    assert root_cause(["Traceback (most recent call last):", '  File "x.py", line 1', "ValueError: boom"]) is None
+    assert last_error(["step 1", "Traceback (most recent call last):", '  File "x.py", line 1, in <module>',
+                       "    f()", "ValueError: boom", "some later print"]) == "ValueError: boom"
+    assert last_error(["all good"]) is None
+
+
+@pytest.mark.parametrize("line, fallout", [
+    ("[rank0]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:6272", True),
+    ("RuntimeError: [Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE) ran for 600000 milliseconds before timing out.", True),
+    ("torch.distributed.DistBackendError: NCCL communicator was aborted on rank 3.", True),
+    ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 1800000ms for recv operation to complete", True),
+    ("W1203 07:55:20.636000 5076 torch/distributed/elastic/multiprocessing/api.py:1028] Sending process 5081 closing signal SIGTERM", True),
+    ("  traceback : Signal 15 (SIGTERM) received by PID 5177", True),
+    ("Rank 2 terminated by SIGTERM", True),
+    ("RuntimeError: injected failure on rank 1 at step 10", False),
+    ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", False),
+    ("ValueError: Expected input batch_size (8) to match target batch_size (4).", False),
+])
+def test_fallout_is_classified(line, fallout):
+    assert is_fallout(line) is fallout
+
+
+def test_sigkill_is_oom_only_when_the_kernel_or_cgroup_says_so():
+    assert killed_reason(4242) == (False, KILLED_NOT_OOM)
+    assert killed_reason(4242, before=3, after=3) == (False, KILLED_NOT_OOM)
+    assert killed_reason(4242, before=None, after=4).oom is False       # no baseline: not shown
+    oom = killed_reason(4242, before=3, after=4)
+    assert oom.oom and "oom_kill 3 -> 4" in oom.text
+    kernel = ["[ 812.1] Out of memory: Killed process 4242 (python3) total-vm:81234kB, anon-rss:7000000kB",
+              "[ 900.2] Out of memory: Killed process 5151 (python3) total-vm:1kB"]
+    assert killed_reason(4242, kernel_lines=kernel).oom
+    assert killed_reason(7777, kernel_lines=kernel) == (False, KILLED_NOT_OOM)  # another pid's OOM
+
+
+def test_kernel_oom_lines_from_dmesg_or_nothing():
+    dmesg = ("[  1.5] EXT4-fs (vda): mounted filesystem\n"
+             "[812.0] python3 invoked oom-killer: gfp_mask=0x140cca(GFP_HIGHUSER_MOVABLE), order=0\n"
+             "[812.1] Memory cgroup out of memory: Killed process 4242 (python3) total-vm:8123kB\n")
+    ok = lambda argv, **kw: subprocess.CompletedProcess(argv, 0, dmesg, "")
+    assert kernel_oom_lines(4242, runner=ok) == ["[812.1] Memory cgroup out of memory: Killed process 4242 (python3) total-vm:8123kB"]
+    assert kernel_oom_lines(99, runner=ok) == []
+    refused = lambda argv, **kw: subprocess.CompletedProcess(argv, 1, "", "dmesg: read kernel buffer failed: Operation not permitted")
+    assert kernel_oom_lines(4242, runner=refused) == []
+
+    def missing(argv, **kw):
+        raise FileNotFoundError(argv[0])
+    assert kernel_oom_lines(4242, runner=missing) == []
+    assert isinstance(kernel_oom_lines(None), list)  # the real dmesg (or none): never raises
+
+
+@pytest.mark.parametrize("name, text, expected", [
+    ("memory.events", "low 0\nhigh 0\nmax 12\noom 2\noom_kill 2\noom_group_kill 0\n", 2),   # cgroup v2
+    ("memory.oom_control", "oom_kill_disable 0\nunder_oom 0\noom_kill 5\n", 5),              # cgroup v1
+    ("memory.events", "garbage\n", None),
+])
+def test_oom_kill_counter(tmp_path, name, text, expected):
+    (tmp_path / name).write_text(text)
+    assert oom_kills(tmp_path) == expected
+    assert oom_kills(tmp_path / "absent") is None and oom_kills(None) is None
+
+
+def test_this_process_cgroup_counter_is_readable_when_the_host_has_one():
+    d = cgroup_dir()
+    if d is None:
+        pytest.skip("no memory cgroup readable here")
+    assert isinstance(oom_kills(d), int)

@@ -1,0 +1,32 @@
+"""TRL's SFTTrainer on a tiny Llama from a config, supervised with supervise.hf.TelemetryCallback,
+run as users run it (a shell, output appended to RUN_DIR/train.log) beside the real watchdog."""
+import math
+
+import pytest
+
+from supervised import FAULTS, USER_SCRIPTS, check_verdict, run_supervised, supervised_lines
+
+pytest.importorskip("trl")
+SCRIPT = "sft_tiny_llama.py"
+
+
+@pytest.mark.parametrize("fault", FAULTS, ids=lambda f: f.name)
+def test_sft_run_under_the_watchdog(fault, tmp_path):
+    rc, out, recs = run_supervised(SCRIPT, fault, tmp_path)
+    check_verdict(fault, rc, out, recs, tmp_path / "run")
+    if fault.name == "healthy":
+        start = recs[0]
+        assert start["task"] == "lm" and start["vocab_size"] == 13 and start["total_steps"] == 60
+        assert start["chance_loss"] == pytest.approx(math.log(13), abs=1e-5)
+        steps = [r for r in recs if "loss" in r]
+        assert [r["step"] for r in steps] == [10, 20, 30, 40, 50, 60]
+        assert all(math.isfinite(r["loss"]) and r["grad_norm"] > 0 for r in steps)
+        evals = [r for r in recs if "eval_loss" in r]
+        assert [r["step"] for r in evals] == [20, 40, 60]
+        assert evals[-1]["eval_loss"] < 0.5 * start["chance_loss"]  # it learned to count
+        assert "eval_mean_token_accuracy" in evals[-1]  # every eval metric passes through
+
+
+def test_sft_integration_is_two_lines():
+    lines = supervised_lines(USER_SCRIPTS / SCRIPT)
+    assert len(lines) == 2, lines

@@ -1,0 +1,64 @@
+"""A user's Lightning script (tiny next-token model), supervised with TelemetryCallback.
+
+    python -u lightning_lm.py --out runs/a [--steps 60] [--nan-at 30] [--sleep 0.05]
+
+Lines ending in "# supervise" are the whole integration; "# fault" lines inject the failures
+the tests need. The default sanity check stays on: it runs before on_train_start.
+"""
+import argparse
+import time
+
+import lightning as L
+import torch
+
+from supervise.lightning import TelemetryCallback  # supervise
+
+p = argparse.ArgumentParser()
+p.add_argument("--out", required=True)
+p.add_argument("--steps", type=int, default=60)
+p.add_argument("--nan-at", type=int, default=None)  # fault
+p.add_argument("--sleep", type=float, default=0.0)  # fault
+a = p.parse_args()
+
+VOCAB, CTX = 32, 8
+
+
+def data(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, VOCAB, (n, CTX), generator=g)
+    return torch.utils.data.TensorDataset(x, (x[:, -1] + 1) % VOCAB)
+
+
+class NextToken(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Embedding(VOCAB, 32), torch.nn.Flatten(),
+                                       torch.nn.Linear(32 * CTX, VOCAB))
+
+    def training_step(self, batch, i):
+        x, y = batch
+        loss = torch.nn.functional.cross_entropy(self.net(x), y)
+        self.log("train_loss", loss)
+        return loss
+
+    def validation_step(self, batch, i):
+        x, y = batch
+        loss = torch.nn.functional.cross_entropy(self.net(x), y)
+        self.log("val_loss", loss)
+        self.log("val_acc", (self.net(x).argmax(-1) == y).float().mean())
+
+    def on_train_batch_end(self, outputs, batch, i):  # fault
+        time.sleep(a.sleep)  # fault
+        if self.global_step == a.nan_at:  # fault
+            torch.nn.init.constant_(self.net[0].weight, float("nan"))  # fault
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=3e-3)
+
+
+torch.manual_seed(0)
+trainer = L.Trainer(max_steps=a.steps, val_check_interval=20, gradient_clip_val=1.0, logger=False,
+                    enable_checkpointing=False, enable_progress_bar=False, accelerator="cpu", devices=1,
+                    callbacks=[TelemetryCallback(a.out, task="lm", vocab_size=VOCAB)])  # supervise
+trainer.fit(NextToken(), torch.utils.data.DataLoader(data(2000, 0), batch_size=16, shuffle=True),
+            torch.utils.data.DataLoader(data(64, 1), batch_size=32))
