@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .cli import EXIT_ANOMALY, EXIT_OK, EXIT_USAGE, Parser, UsageError, duration
 from .checkin import summary
-from .contract import METRICS, SENTINEL, read_json
+from .contract import METRICS, SENTINEL, is_finite, read_json
 from .guard import QUIET as GUARD_QUIET
 from .plot import plot as plot_png
 
@@ -165,7 +165,8 @@ def main(argv=None) -> int:
     say(f"watchdog exited {watchdog.returncode}: {verdict}")
     say(f"snapshot: {plot_png(run_dir)}")
     final = read_json(run_dir / SENTINEL)
-    if final:
-        say(f"final_val_metrics.json: eval_auroc={final.get('eval_auroc'):.4f} eval_acc={final.get('eval_acc'):.4f}")
+    if isinstance(final, dict):
+        say("final_val_metrics.json: " + " ".join(f"{k}={final[k]:.4f}" for k in ("eval_auroc", "eval_acc")
+                                                  if is_finite(final.get(k))))
     expected = EXIT_ANOMALY if a.fault else EXIT_OK
     return EXIT_OK if watchdog.returncode == expected else EXIT_ANOMALY

@@ -10,8 +10,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .cli import EXIT_OK, EXIT_USAGE, Parser
-from .contract import METRICS, WATCHDOG_STATE, is_finite, read_json, read_run
+from .cli import EXIT_OK, EXIT_USAGE, Parser, run_dir_arg
+from .contract import METRICS, WATCHDOG_STATE, is_finite, read_json, read_run, why_unreadable
 from .rules import Thresholds
 
 MAX_POINTS = 4000
@@ -26,14 +26,20 @@ def plot(run_dir) -> str:
     except ImportError:
         return "no plot: matplotlib is not installed (pip install 'supervising-training-runs[plot]' or pip install matplotlib)"
     run_dir = Path(run_dir)
+    unreadable = why_unreadable(run_dir / METRICS)
+    if unreadable:
+        return f"no plot: {unreadable}"
     start, steps, evals = read_run(run_dir / METRICS)
     if not steps and not evals:
         return f"no plot: {run_dir / METRICS} holds no step or eval record yet"
     stride = max(1, len(steps) // MAX_POINTS)
     steps = steps[::stride]
-    wd = read_json(run_dir / WATCHDOG_STATE) or {}
+    wd = read_json(run_dir / WATCHDOG_STATE)
+    wd = wd if isinstance(wd, dict) else {}  # a watchdog.json of another shape is no state
     th = Thresholds.from_dict(wd.get("thresholds"))
-    n_labels = start.get("num_labels") or th.num_labels
+    n_labels = start.get("num_labels")
+    n_labels = int(n_labels) if is_finite(n_labels) and 2 <= n_labels <= 1e9 else th.num_labels
+    wd_step = wd.get("step") if is_finite(wd.get("step")) else None
 
     fig, ax = plt.subplots(4, 1, figsize=(7.2, 10.8), dpi=150, sharex=True)
     xs = [r["step"] for r in steps]
@@ -63,9 +69,11 @@ def plot(run_dir) -> str:
     ax[3].set_ylabel("samples/s")
     ax[3].set_xlabel("step")
     if wd.get("state") == "anomaly":
-        for a in ax:
-            a.axvline(wd.get("step", 0), color="red", lw=2, alpha=0.6)
-        ax[0].set_title(f"ANOMALY {wd.get('kind')} at step {wd.get('step')}", color="red", fontsize=11)
+        if wd_step is not None:
+            for a in ax:
+                a.axvline(wd_step, color="red", lw=2, alpha=0.6)
+        ax[0].set_title(f"ANOMALY {str(wd.get('kind'))[:40]}" + (f" at step {wd_step:g}" if wd_step is not None else ""),
+                        color="red", fontsize=11)
     else:
         ax[0].set_title(f"{run_dir.name}: step {max(xs or [0])}", fontsize=11)
     for a in ax:
@@ -73,25 +81,31 @@ def plot(run_dir) -> str:
         if a.get_legend_handles_labels()[0]:
             a.legend(loc="best", fontsize=8)
     fig.tight_layout()
-    fd, tmp = tempfile.mkstemp(prefix=".metrics.", suffix=".png", dir=run_dir)
-    os.close(fd)
+    tmp = None
     try:
+        fd, tmp = tempfile.mkstemp(prefix=".metrics.", suffix=".png", dir=run_dir)
+        os.close(fd)
         fig.savefig(tmp, format="png")
         os.replace(tmp, run_dir / "metrics.png")
+    except OSError as e:
+        return f"no plot: cannot write {run_dir / 'metrics.png'}: {e.strerror or e}"
     finally:
         plt.close(fig)
-        if os.path.exists(tmp):
+        if tmp and os.path.exists(tmp):
             os.unlink(tmp)
     return str(run_dir / "metrics.png")
 
 
 def main(argv=None) -> int:
     p = Parser(prog="plot.py", description="Write RUN_DIR/metrics.png, a phone-friendly snapshot of metrics.jsonl.")
-    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("run_dir", metavar="RUN_DIR", type=run_dir_arg)
     a = p.parse_args(argv)
     if not Path(a.run_dir).is_dir():
         print(f"plot.py: error: {a.run_dir} is not a run directory; pass the folder holding metrics.jsonl", file=sys.stderr)
         return EXIT_USAGE
     out = plot(a.run_dir)
+    if not out.endswith(".png"):
+        print(f"plot.py: error: {out.removeprefix('no plot: ')}", file=sys.stderr)
+        return EXIT_USAGE
     print(out)
-    return EXIT_OK if out.endswith(".png") else EXIT_USAGE
+    return EXIT_OK

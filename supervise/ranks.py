@@ -217,7 +217,7 @@ def _ranks_text(nums) -> str:
 
 
 def _others(ranks, bad) -> str:
-    more = [r for r in bad[1:]]
+    more = sorted(bad[1:])
     return f" (and rank{'s' if len(more) > 1 else ''} {_ranks_text(more)})" if more else ""
 
 
@@ -237,13 +237,20 @@ def rank_fatal(ranks: Mapping[int, RankState]) -> Optional[Anomaly]:
                    "from the last checkpoint")
 
 
-def rank_dead(ranks: Mapping[int, RankState], procs: Mapping[int, str]) -> Optional[Anomaly]:
+def rank_dead(ranks: Mapping[int, RankState], procs: Mapping[int, str],
+              cause: Optional[RootCause] = None) -> Optional[Anomaly]:
     """A local rank whose process is gone (or a zombie): ``dead``, naming rank and pid.
     ``procs``: pid -> state of the local ranks' pids (``local_pids``); a pid absent from it is
-    not judged. Call it only while the run has no sentinel (a finished run's ranks exit)."""
-    bad = sorted(r for r, s in ranks.items() if s.pid in procs and procs[s.pid] in GONE)
+    not judged. When several are gone (torchrun terminates the others within a second of the
+    first failure), the rank of ``cause`` (``logs.root_cause`` of train.log) is named first,
+    else the one whose heartbeat stopped first. Call it only while the run has no sentinel
+    (a finished run's ranks exit)."""
+    bad = [r for r, s in ranks.items() if s.pid in procs and procs[s.pid] in GONE]
     if not bad:
         return None
+    first = cause.rank if cause is not None else None
+    bad.sort(key=lambda r: (r != first, ranks[r].step if ranks[r].step is not None else -1,
+                            ranks[r].last_seen or 0.0, r))
     s = ranks[bad[0]]
     return anomaly("dead", f"rank {s.rank} ({s.where()}) = {procs[s.pid]} != alive{_others(ranks, bad)}",
                    s.step or 0, "That rank's process exited without the run finishing: read its "

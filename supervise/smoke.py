@@ -8,6 +8,7 @@ import importlib.util
 import math
 import os
 import shlex
+import stat
 import statistics
 import subprocess
 import sys
@@ -16,8 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from .cli import EXIT_ANOMALY, EXIT_OK, EXIT_USAGE, Parser, duration, positive_float, positive_int
-from .contract import METRICS, SENTINEL, is_finite, read_run, validate_file
+from .cli import EXIT_ANOMALY, EXIT_OK, EXIT_USAGE, Parser, duration, fraction, positive_float, positive_int, \
+    run_dir_arg
+from .contract import LOG, METRICS, SENTINEL, is_finite, read_json, read_run, validate_file, why_unreadable
 from .guard import QUIET, V4_ARGS
 
 
@@ -40,6 +42,9 @@ def check_contract(run_dir: Path) -> Row:
     path = run_dir / METRICS
     if not path.exists():
         return Row("contract", False, f"{path} does not exist: the script must write RUN_DIR/metrics.jsonl")
+    unreadable = why_unreadable(path)
+    if unreadable:
+        return Row("contract", False, f"{unreadable}: the script must append JSON lines to a plain file")
     problems = validate_file(path, require=("grad_norm", "sps"))
     if problems:
         more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
@@ -75,6 +80,13 @@ def check_auroc(evals, rise: float, inverted: float) -> Row:
     return Row("auroc rises", True, f"eval_auroc {trail} (best {best:.3f} > {0.5 + rise:g})")
 
 
+def _mtime(p: Path) -> float:
+    try:
+        return p.stat().st_mtime
+    except OSError:  # a dangling link
+        return 0.0
+
+
 def _checkpoints(run_dir: Path) -> list[Path]:
     found = []
     for root, dirs, files in os.walk(run_dir):
@@ -84,7 +96,7 @@ def _checkpoints(run_dir: Path) -> list[Path]:
             dirs[:] = []
             continue
         found += [p / f for f in files if f.endswith((".pt", ".pth"))]
-    return sorted(found, key=lambda p: p.stat().st_mtime)
+    return sorted(found, key=_mtime)
 
 
 def check_checkpoint(run_dir: Path, script: Optional[Path]) -> Row:
@@ -123,7 +135,7 @@ def check_checkpoint(run_dir: Path, script: Optional[Path]) -> Row:
 
 
 def _script_attr(script: Optional[Path], name: str):
-    if script is None or not script.exists():
+    if script is None or not script.is_file():
         return None
     spec = importlib.util.spec_from_file_location(f"_smoke_{script.stem}", script)
     mod = importlib.util.module_from_spec(spec)
@@ -132,14 +144,22 @@ def _script_attr(script: Optional[Path], name: str):
 
 
 def check_sentinel(run_dir: Path) -> Row:
-    ok = (run_dir / SENTINEL).exists()
-    return Row("sentinel", ok, f"{SENTINEL} {'written' if ok else 'missing: write it atomically, last'}")
+    """Written means a JSON object: a file still being written (empty, torn) is not yet a sentinel."""
+    path = run_dir / SENTINEL
+    if isinstance(read_json(path), dict):
+        return Row("sentinel", True, f"{SENTINEL} written")
+    if not os.path.lexists(path):
+        return Row("sentinel", False, f"{SENTINEL} missing: write it atomically, last")
+    why = why_unreadable(path) or "it is not a JSON object"
+    return Row("sentinel", False, f"{SENTINEL} present but {why}: write it atomically (temp file + os.replace), last")
 
 
 def check_v5(script: Optional[Path]) -> Row:
     if script is None:
         return Row("v5 arguments", None, "no script to read (pass -- COMMAND or --script PATH)")
     try:
+        if not stat.S_ISREG(os.stat(script).st_mode):
+            return Row("v5 arguments", False, f"{script} is not a regular file")
         text = script.read_text(errors="replace")
     except OSError as e:
         return Row("v5 arguments", False, f"cannot read {script}: {e.strerror}")
@@ -172,15 +192,24 @@ def script_of(command: list[str]) -> Optional[Path]:
 
 
 def run_command(run_dir: Path, command: list[str], timeout: float) -> Row:
-    run_dir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **QUIET}
     t0 = time.time()
-    print(f"smoke: running {shlex.join(command)} > {run_dir / 'train.log'} 2>&1", file=sys.stderr, flush=True)
-    with open(run_dir / "train.log", "ab") as log:
+    log_path = run_dir / LOG
+    print(f"smoke: running {shlex.join(command)} > {log_path} 2>&1", file=sys.stderr, flush=True)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if why_unreadable(log_path):  # a FIFO would block the append below
+            return Row("command", False, f"{why_unreadable(log_path)}: remove it, the smoke run writes its log there")
+        log = open(log_path, "ab")
+    except OSError as e:
+        return Row("command", False, f"cannot write {log_path}: {e.strerror or e}; pass a writable run directory")
+    with log:
         try:
             p = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=timeout)
         except FileNotFoundError:
             return Row("command", False, f"{command[0]}: not found")
+        except OSError as e:
+            return Row("command", False, f"{command[0]}: cannot run it ({e.strerror or e})")
         except subprocess.TimeoutExpired:
             return Row("command", False, f"still running after {timeout:.0f}s: a smoke run should take minutes")
     took = time.time() - t0
@@ -198,7 +227,8 @@ def smoke(run_dir: Path, command: list[str], script: Optional[Path], num_labels:
     script = script or (script_of(command) if command else None)
     rows.append(check_contract(run_dir))
     start, steps, evals = _records(run_dir) if (run_dir / METRICS).exists() else ({}, [], [])
-    k = num_labels or start.get("num_labels") or 2
+    known = start.get("num_labels")
+    k = num_labels or (int(known) if is_finite(known) and 2 <= known <= 1e9 else 2)
     rows += [check_loss(steps, k, margin), check_auroc(evals, 0.1, 0.3), check_checkpoint(run_dir, script),
              check_sentinel(run_dir), check_v5(script), check_projection(steps, samples, epochs, window)]
     return rows
@@ -213,10 +243,10 @@ def main(argv=None) -> int:
     p = Parser(prog="smoke.py", description="The smoke preflight: run COMMAND (after --), or check an existing "
                "run, then one PASS/FAIL row per check; exit 0 when all pass, 7 otherwise.",
                epilog="example: python scripts/smoke.py runs/smoke -- python -u train.py --out runs/smoke --smoke")
-    p.add_argument("run_dir", metavar="RUN_DIR", help="the run directory the command writes (its --out)")
+    p.add_argument("run_dir", metavar="RUN_DIR", type=run_dir_arg, help="the run directory the command writes (its --out)")
     p.add_argument("--script", type=Path, help="the training script to read [the .py in COMMAND]")
     p.add_argument("--num-labels", type=positive_int, help="classes [the start record's, else 2]")
-    p.add_argument("--margin", type=positive_float, default=0.05, help="loss must end this fraction below ln(num_labels) (default: 0.05)")
+    p.add_argument("--margin", type=fraction, default=0.05, help="loss must end this fraction below ln(num_labels) (default: 0.05)")
     p.add_argument("--full-samples", type=positive_int, metavar="N", help="training samples of the full run")
     p.add_argument("--epochs", type=positive_float, default=1.0, metavar="E", help="epochs of the full run (default: 1)")
     p.add_argument("--window", type=duration, metavar="W", help="the GPU window, e.g. 8h")
@@ -228,6 +258,15 @@ def main(argv=None) -> int:
         return EXIT_USAGE
     if not command and not run_dir.is_dir():
         print(f"smoke.py: error: {run_dir} does not exist; give the command to run after --", file=sys.stderr)
+        return EXIT_USAGE
+    unreadable = why_unreadable(run_dir / METRICS)
+    if not command and unreadable:
+        print(f"smoke.py: error: {unreadable}; point RUN_DIR at a run whose script appends to a plain "
+              f"{METRICS}", file=sys.stderr)
+        return EXIT_USAGE
+    if a.script is not None and (not a.script.is_file() or why_unreadable(a.script)):
+        print(f"smoke.py: error: --script {a.script} is not a readable regular file; pass the training script",
+              file=sys.stderr)
         return EXIT_USAGE
     rows = smoke(run_dir, command, a.script, a.num_labels, a.margin, a.full_samples, a.epochs, a.window, a.timeout)
     for r in rows:

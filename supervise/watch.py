@@ -172,11 +172,11 @@ class Watcher:
         if self.start.get("time") and self.start["time"] > mtime + 1:
             return None
         try:
-            if os.stat(self.metrics).st_mtime > mtime + 2:
+            if os.stat(self.metrics).st_mtime > mtime + 0.5:
                 return None  # records were written after it: a relaunch into an old folder
         except OSError:
             pass
-        if any(p.alive and p.create_time and p.create_time > mtime + 1 for p in procs):
+        if any(p.alive and p.create_time and p.create_time > mtime for p in procs):
             return None  # a live trainer started after it
         if (not self.one_shot and mtime < self.watch_started and not self.known
                 and self.clock() - self.watch_started < self.th.orphan_grace):

@@ -3,35 +3,41 @@ telemetry contract that scripts/watchdog.py reads. One file: copy it into your r
 
 Launch in the background, on ONE physical line (newlines collapse into spaces in background shells):
 
-    mkdir -p runs/hf && PYTHONUNBUFFERED=1 HF_HUB_DISABLE_PROGRESS_BARS=1 TRANSFORMERS_VERBOSITY=error TOKENIZERS_PARALLELISM=false python -u train_hf.py --out runs/hf > runs/hf/train.log 2>&1
+    mkdir -p runs/hf && PYTHONUNBUFFERED=1 HF_HUB_DISABLE_PROGRESS_BARS=1 TRANSFORMERS_VERBOSITY=error TOKENIZERS_PARALLELISM=false python -u train_hf.py --out runs/hf >> runs/hf/train.log 2>&1
+
+After a crash, a kill or a preemption, the same line with --resume continues from the last
+checkpoint (the Trainer's resume_from_checkpoint; a new attempt in the same metrics.jsonl;
+without a checkpoint it starts fresh):
+
+    PYTHONUNBUFFERED=1 HF_HUB_DISABLE_PROGRESS_BARS=1 TRANSFORMERS_VERBOSITY=error TOKENIZERS_PARALLELISM=false python -u train_hf.py --out runs/hf --resume >> runs/hf/train.log 2>&1
 
 Smoke preflight first (2,000 samples, 1 epoch, eval every 20 steps):
 
     python -u train_hf.py --out runs/smoke --smoke
 
 With no flags it trains a tiny BERT built from a config on a generated sentiment task (offline,
-a CPU, under two minutes); --model PATH_OR_NAME and --data FILE (CSV/JSONL with text and label
-columns) switch to real ones. TensorBoard for the human, and an SSH tunnel from a laptop:
+a CPU, under two minutes); --model PATH_OR_NAME and --data FILE (CSV/JSON/JSONL with text and
+label columns) switch to real ones. TensorBoard for the human, and an SSH tunnel from a laptop:
 
     tensorboard --logdir runs/hf/tb --port 6006
     ssh -N -L 6006:localhost:6006 you@gpu-host     # then open http://localhost:6006
 
-RUN_DIR (--out) receives metrics.jsonl (one JSON fact per line, flushed), checkpoints/ (best two
-by AUROC), tb/, and final_val_metrics.json last: the completion sentinel.
+RUN_DIR (--out) receives metrics.jsonl, hparams.json (the resolved config), checkpoints/
+(checkpoint-N: the last and the best by AUROC, two at most; each written under a temporary
+name and renamed into place), tb/, and final_val_metrics.json last: the completion sentinel.
 """
 import argparse
-import json
 import math
 import os
 import random
+import shutil
 import sys
-import tempfile
 import time
 
 # ----------------------------------------------------------------------------- config
 OUT = "runs/hf"          # the run directory
 MODEL = None             # None: a tiny BERT from a config; else a local path or hub name
-DATA = None              # None: the generated task; else a CSV/JSONL with TEXT_COL and LABEL_COL
+DATA = None              # None: the generated task; else a CSV/JSON/JSONL with TEXT_COL and LABEL_COL
 EVAL_DATA = None         # None: hold out EVAL_FRACTION of DATA
 TEXT_COL = "text"
 LABEL_COL = "label"
@@ -40,17 +46,20 @@ SAMPLES = 6000           # training rows (generated task) or a cap on DATA's row
 EVAL_SAMPLES = 600
 EVAL_FRACTION = 0.1
 EPOCHS = 2
-BATCH = 32               # per device
+BATCH_SIZE = 32          # per device and micro-step
+GRAD_ACCUM = 1           # micro-steps per optimizer step (an OOM relaunch halves the batch, doubles this)
 LR = 2e-3                # tiny models from scratch like it high; use ~2e-5 for a pretrained model
-WARMUP_STEPS = 20
+WARMUP_STEPS = 20        # linear warm-up, then linear decay
 MAX_LEN = 32
 MAX_STEPS = -1           # -1: EPOCHS decide
 LOGGING_STEPS = 10       # a step record every this many optimizer steps
 EVAL_STEPS = 50          # an eval record (and a checkpoint) every this many steps
 MAX_GRAD_NORM = 1.0
 PRECISION = "fp32"       # fp32 | fp16 | bf16 (GPU)
+KEEP = 2                 # checkpoints kept: 2 = last + best, 1 = last, 0 = none
 SEED = 0
 SMOKE = False            # --smoke: 2,000 samples, 1 epoch, eval every 20 steps, batch <= 16
+RESUME = False           # --resume: continue from the last checkpoint in --out
 # -----------------------------------------------------------------------------
 
 
@@ -58,15 +67,16 @@ def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=OUT, help="run directory [%(default)s]")
     p.add_argument("--model", default=MODEL, help="local path or hub name [tiny BERT from a config]")
-    p.add_argument("--data", default=DATA, help="CSV/JSONL with text and label columns [generated]")
-    p.add_argument("--eval-data", default=EVAL_DATA, help="separate eval CSV/JSONL [hold out from --data]")
+    p.add_argument("--data", default=DATA, help="CSV/JSON/JSONL with text and label columns [generated]")
+    p.add_argument("--eval-data", default=EVAL_DATA, help="separate eval file [hold out from --data]")
     p.add_argument("--text-col", default=TEXT_COL)
     p.add_argument("--label-col", default=LABEL_COL)
     p.add_argument("--num-labels", type=int, default=NUM_LABELS)
     p.add_argument("--samples", type=int, default=SAMPLES)
     p.add_argument("--eval-samples", type=int, default=EVAL_SAMPLES)
     p.add_argument("--epochs", type=float, default=EPOCHS)
-    p.add_argument("--batch", type=int, default=BATCH)
+    p.add_argument("--batch-size", "--batch", type=int, default=BATCH_SIZE, help="per device [%(default)s]")
+    p.add_argument("--grad-accum", type=int, default=GRAD_ACCUM, help="micro-steps per step [%(default)s]")
     p.add_argument("--lr", type=float, default=LR)
     p.add_argument("--warmup-steps", type=int, default=WARMUP_STEPS)
     p.add_argument("--max-len", type=int, default=MAX_LEN)
@@ -75,82 +85,31 @@ def parse_args():
     p.add_argument("--eval-steps", type=int, default=EVAL_STEPS)
     p.add_argument("--max-grad-norm", type=float, default=MAX_GRAD_NORM)
     p.add_argument("--precision", choices=["fp32", "fp16", "bf16"], default=PRECISION)
+    p.add_argument("--keep", type=int, choices=[0, 1, 2], default=KEEP, help="checkpoints kept [%(default)s]")
     p.add_argument("--seed", type=int, default=SEED)
     p.add_argument("--smoke", action="store_true", default=SMOKE)
+    p.add_argument("--resume", action="store_true", default=RESUME, help="continue from the last checkpoint")
     a = p.parse_args()
+    for name in ("batch_size", "grad_accum", "logging_steps", "eval_steps"):
+        if getattr(a, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1, not {getattr(a, name)}")
     if a.smoke:
         a.samples, a.epochs, a.eval_steps = 2000, 1, 20
-        a.batch = min(a.batch, 16)  # ~125 steps: enough to see the loss leave chance
+        a.batch_size = min(a.batch_size, 16)  # ~125 steps: enough to see the loss leave chance
         a.eval_samples = min(a.eval_samples, 400)
     return a
 
 
-# ----------------------------------------------------------------------------- data
-POSITIVE = "good great excellent superb lovely delightful brilliant wonderful fantastic pleasant".split()
-NEGATIVE = "bad awful terrible poor dreadful horrible boring nasty dismal painful".split()
-NEUTRAL = ("the a movie film plot actor scene story it was is and with of to in this that very "
-           "quite rather so really at times some parts ending music camera script cast").split()
+def die(msg):
+    """Bad input: one line on stderr, exit 2, nothing written."""
+    print(f"error: {msg}", file=sys.stderr, flush=True)
+    sys.exit(2)
 
 
-def generated_task(n, seed):
-    """Reviews of neutral words around one sentiment word, negated one time in ten ("not
-    good" is negative); label 1 = positive. Easy, but not a bag of words."""
-    rng = random.Random(seed)
-    texts, labels = [], []
-    for _ in range(n):
-        label = rng.randint(0, 1)
-        negate = rng.random() < 0.1
-        word = rng.choice(POSITIVE if label != negate else NEGATIVE)
-        words = [rng.choice(NEUTRAL) for _ in range(rng.randint(6, 14))]
-        words.insert(rng.randrange(len(words) + 1), f"not {word}" if negate else word)
-        texts.append(" ".join(words))
-        labels.append(label)
-    return texts, labels
+DATA_SECTION
 
 
-def read_table(path, text_col, label_col):
-    import pandas as pd
-    if path.endswith((".jsonl", ".json")):
-        df = pd.read_json(path, lines=path.endswith(".jsonl"))
-    else:
-        df = pd.read_csv(path)
-    missing = [c for c in (text_col, label_col) if c not in df.columns]
-    if missing:
-        sys.exit(f"error: {path} has no column {missing[0]!r}; columns are {list(df.columns)} "
-                 f"(use --text-col / --label-col)")
-    return df[text_col].astype(str).tolist(), df[label_col].tolist()
-
-
-def check_labels(labels, num_labels, split, label_col):
-    """Fail loud before training: integer labels in [0, num_labels), every class present."""
-    bad = sorted({repr(v) for v in labels if isinstance(v, bool) or not isinstance(v, int)
-                  or not 0 <= v < num_labels}, key=str)[:5]
-    if bad:
-        sys.exit(f"error: label column {label_col!r} in {split} holds {', '.join(bad)}; labels must be "
-                 f"integers in [0, {num_labels}) (set --num-labels or map the labels)")
-    found = sorted(set(labels))
-    if len(found) < num_labels:
-        sys.exit(f"error: label column {label_col!r} in {split} holds only {found}; every class "
-                 f"0..{num_labels - 1} must be present (check the split or the sampling)")
-
-
-def load_data(a):
-    if a.data is None:
-        texts, labels = generated_task(a.samples + a.eval_samples, a.seed)
-        return (texts[:a.samples], labels[:a.samples]), (texts[a.samples:], labels[a.samples:])
-    texts, labels = read_table(a.data, a.text_col, a.label_col)
-    labels = [int(v) if isinstance(v, float) and v.is_integer() else v for v in labels]
-    if a.eval_data:
-        ev = read_table(a.eval_data, a.text_col, a.label_col)
-        ev = (ev[0][:a.eval_samples], [int(v) if isinstance(v, float) and v.is_integer() else v for v in ev[1]][:a.eval_samples])
-        return (texts[:a.samples], labels[:a.samples]), ev
-    order = list(range(len(texts)))
-    random.Random(a.seed).shuffle(order)
-    n_eval = max(1, int(len(order) * EVAL_FRACTION))
-    ev, tr = order[:n_eval], order[n_eval:][:a.samples]
-    return ([texts[i] for i in tr], [labels[i] for i in tr]), ([texts[i] for i in ev], [labels[i] for i in ev])
-
-
+# ----------------------------------------------------------------------------- model
 def build_tokenizer(texts):
     """A word-level tokenizer built in memory from the training texts (no download)."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
@@ -184,68 +143,6 @@ class Encoded:
         return item
 
 
-# ----------------------------------------------------------------------------- telemetry
-def atomic_write_json(path, obj):
-    fd, tmp = tempfile.mkstemp(prefix=".tmp.", dir=os.path.dirname(path) or ".")
-    with os.fdopen(fd, "w") as f:
-        json.dump(obj, f, indent=1)
-    os.replace(tmp, path)
-
-
-def make_telemetry_callback(TrainerCallback):
-    class Telemetry(TrainerCallback):
-        """Writes the contract to RUN_DIR/metrics.jsonl (rank 0 only), one flushed line per
-        record, and raises on the first non-finite loss or grad norm after writing FATAL."""
-
-        def __init__(self, run_dir, num_labels):
-            self.path = os.path.join(run_dir, "metrics.jsonl")
-            self.num_labels = num_labels
-            self.t0 = time.time()
-            self.fd = None
-            self.last = (0, time.time())
-            self.eval_seconds = 0.0
-
-        def write(self, state, rec):
-            if state.is_world_process_zero:
-                if self.fd is None:
-                    self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-                os.write(self.fd, (json.dumps(rec) + "\n").encode())  # one write per line
-
-        def on_train_begin(self, args, state, control, **kw):
-            self.t0 = time.time()
-            self.last = (state.global_step, self.t0)
-            self.write(state, {"event": "start", "t": 0, "pid": os.getpid(), "total_steps": state.max_steps,
-                               "num_labels": self.num_labels, "world_size": args.world_size,
-                               "batch_size": args.per_device_train_batch_size})
-
-        def on_log(self, args, state, control, logs=None, **kw):
-            logs = logs or {}
-            t = round(time.time() - self.t0, 3)
-            if "eval_runtime" in logs:
-                self.eval_seconds += logs["eval_runtime"]
-            if "loss" in logs:
-                loss, gn = logs.get("loss"), logs.get("grad_norm")
-                bad = [(k, v) for k, v in (("loss", loss), ("grad_norm", gn))
-                       if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v))]
-                if bad:
-                    reason = f"non-finite {bad[0][0]} {bad[0][1]} at step {state.global_step}"
-                    self.write(state, {"step": state.global_step, "t": t, "FATAL": reason})
-                    raise FloatingPointError(reason + "; lower --lr or check the inputs")
-                step0, t_prev = self.last
-                seconds = max(time.time() - t_prev - self.eval_seconds, 1e-9)
-                samples = (state.global_step - step0) * args.per_device_train_batch_size * \
-                    args.gradient_accumulation_steps * args.world_size
-                self.last, self.eval_seconds = (state.global_step, time.time()), 0.0
-                self.write(state, {"step": state.global_step, "t": t, "loss": loss,
-                                   "lr": logs.get("learning_rate"), "grad_norm": gn,
-                                   "sps": round(samples / seconds, 2), "epoch": logs.get("epoch")})
-            if "eval_auroc" in logs:
-                self.write(state, {"step": state.global_step, "t": t, "eval_auroc": logs["eval_auroc"],
-                                   "eval_acc": logs.get("eval_acc"), "eval_loss": logs.get("eval_loss")})
-
-    return Telemetry
-
-
 def compute_metrics(eval_pred):
     """AUROC on the probability of class 1 (one-vs-rest for more classes), and accuracy."""
     import numpy as np
@@ -261,20 +158,139 @@ def compute_metrics(eval_pred):
     return {"auroc": float(auroc), "acc": float((probs.argmax(axis=1) == labels).mean())}
 
 
+# ----------------------------------------------------------------------------- checkpoints
+def atomic_write_json(path, obj):
+    import json
+    import tempfile
+    fd, tmp = tempfile.mkstemp(prefix=".tmp.", dir=os.path.dirname(path) or ".")
+    with os.fdopen(fd, "w") as f:
+        json.dump(obj, f, indent=1, default=str)
+    os.replace(tmp, path)
+
+
+def step_of(name):
+    return int(name.rsplit("-", 1)[1]) if name.startswith("checkpoint-") and name.rsplit("-", 1)[1].isdigit() else -1
+
+
+def tidy_checkpoints(ckpt_dir):
+    """Finish what a kill during a save left: a complete checkpoint waiting under .ready-* is
+    renamed into place, a half-written one (.staging) and old ones (.trash-*) are removed."""
+    if not os.path.isdir(ckpt_dir):
+        return
+    for name in sorted(os.listdir(ckpt_dir)):
+        path = os.path.join(ckpt_dir, name)
+        if name.startswith(".ready-") and not os.path.exists(os.path.join(ckpt_dir, name[len(".ready-"):])):
+            os.replace(path, os.path.join(ckpt_dir, name[len(".ready-"):]))
+        elif name.startswith((".staging", ".trash-", ".ready-")):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def latest_checkpoint(ckpt_dir):
+    """The newest checkpoint-N (what resume_from_checkpoint continues from), or None."""
+    names = [n for n in os.listdir(ckpt_dir) if step_of(n) >= 0] if os.path.isdir(ckpt_dir) else []
+    return os.path.join(ckpt_dir, max(names, key=step_of)) if names else None
+
+
+def atomic_checkpoints(Trainer):
+    class AtomicTrainer(Trainer):
+        """The Trainer's own checkpoints (model, optimizer, scheduler, scaler, RNG states, trainer
+        state with the step and the data position), made atomic: checkpoint-N is written under
+        .staging, moved to .ready-checkpoint-N once complete, the old ones other than the best are
+        moved away, then it is renamed into place. At no instant are there more than two
+        checkpoint-N (the Trainer alone keeps best + last + the new one during each save), and a
+        kill leaves no half-written checkpoint-N."""
+
+        staging = None
+
+        def _get_output_dir(self, trial):
+            return self.staging or super()._get_output_dir(trial)
+
+        def _save_checkpoint(self, model, trial):
+            real = super()._get_output_dir(trial)
+            name = f"checkpoint-{self.state.global_step}"
+            self.staging = os.path.join(real, ".staging")
+            try:
+                super()._save_checkpoint(model, trial)  # every rank writes its share into .staging
+            finally:
+                self.staging = None
+            self.accelerator.wait_for_everyone()
+            if self.args.should_save:
+                best = self.state.best_global_step
+                if self.args.load_best_model_at_end and best:
+                    self.state.best_model_checkpoint = os.path.join(real, f"checkpoint-{best}")
+                staged, ready = os.path.join(real, ".staging", name), os.path.join(real, ".ready-" + name)
+                self.state.save_to_json(os.path.join(staged, "trainer_state.json"))  # the real best path
+                os.replace(staged, ready)
+                keep = {os.path.basename(self.state.best_model_checkpoint or "")}
+                for old in os.listdir(real):
+                    if step_of(old) >= 0 and old not in keep:
+                        os.replace(os.path.join(real, old), os.path.join(real, ".trash-" + old))
+                os.replace(ready, os.path.join(real, name))
+                tidy_checkpoints(real)
+            self.accelerator.wait_for_everyone()
+
+    return AtomicTrainer
+
+
+# ----------------------------------------------------------------------------- telemetry (a verbatim copy of supervise/telemetry.py)
+# --- telemetry: begin ---
+# --- telemetry: end ---
+
+
+def telemetry_callback(TrainerCallback, tel, per_step):
+    class TelemetryCallback(TrainerCallback):
+        """The Trainer's logs into Telemetry: a step record (rank 0) and a heartbeat (every rank)
+        each logging step, FATAL and a raise on the first non-finite loss or grad norm (the
+        Trainer runs with logging_nan_inf_filter=False, which would hide it), every eval metric."""
+
+        last, eval_seconds = (0, 0.0), 0.0
+
+        def on_train_begin(self, args, state, control, **kw):
+            self.last = (state.global_step, time.time())
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            logs = logs or {}
+            if "eval_runtime" in logs:
+                self.eval_seconds += logs["eval_runtime"]
+            if "loss" in logs:
+                step0, t_prev = self.last
+                seconds = max(time.time() - t_prev - self.eval_seconds, 1e-9)
+                self.last, self.eval_seconds = (state.global_step, time.time()), 0.0
+                tel.step(state.global_step, logs["loss"], lr=logs.get("learning_rate"), grad_norm=logs.get("grad_norm"),
+                         sps=round((state.global_step - step0) * per_step / seconds, 2), epoch=logs.get("epoch"))
+            metrics = {k: v for k, v in logs.items() if k.startswith("eval_") and not k.endswith(
+                ("_runtime", "_per_second"))}
+            if metrics:
+                tel.eval(state.global_step, **metrics)
+
+    return TelemetryCallback()
+
+
 # ----------------------------------------------------------------------------- main
 def main():
     a = parse_args()
-    os.makedirs(a.out, exist_ok=True)
+    world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    ckpt_dir = os.path.join(a.out, "checkpoints")
+    if rank == 0:
+        tidy_checkpoints(ckpt_dir)
+    found = latest_checkpoint(ckpt_dir)
+    if found and not a.resume:
+        die(f"{found} holds an earlier run: pass --resume to continue it, or another --out")
+    (tr_x, tr_y), (ev_x, ev_y) = load_data(a)
+    if rank == 0:
+        os.makedirs(a.out, exist_ok=True)
+        if os.path.exists(os.path.join(a.out, "final_val_metrics.json")):
+            os.remove(os.path.join(a.out, "final_val_metrics.json"))  # an earlier attempt's sentinel
+        atomic_write_json(os.path.join(a.out, "hparams.json"), vars(a))
+        if a.resume:
+            print(f"resume: step {step_of(os.path.basename(found))} from {found}" if found else
+                  f"resume: no checkpoint in {ckpt_dir}; starting fresh", flush=True)
     os.environ.setdefault("TENSORBOARD_LOGGING_DIR", os.path.join(a.out, "tb"))
     import torch
     from transformers import (AutoModelForSequenceClassification, AutoTokenizer, BertConfig,
                               BertForSequenceClassification, Trainer, TrainerCallback, TrainingArguments,
                               set_seed)
     set_seed(a.seed)
-    (tr_x, tr_y), (ev_x, ev_y) = load_data(a)
-    check_labels(tr_y, a.num_labels, "train", a.label_col)
-    check_labels(ev_y, a.num_labels, "eval", a.label_col)
-
     if a.model:
         tokenizer = AutoTokenizer.from_pretrained(a.model)
         model = AutoModelForSequenceClassification.from_pretrained(a.model, num_labels=a.num_labels)
@@ -293,30 +309,36 @@ def main():
     except ImportError:
         report_to = "none"
     args = TrainingArguments(
-        output_dir=os.path.join(a.out, "checkpoints"),
-        num_train_epochs=a.epochs, max_steps=a.max_steps,
-        per_device_train_batch_size=a.batch, per_device_eval_batch_size=a.batch * 4,
+        output_dir=ckpt_dir, num_train_epochs=a.epochs, max_steps=a.max_steps,
+        per_device_train_batch_size=a.batch_size, gradient_accumulation_steps=a.grad_accum,
+        per_device_eval_batch_size=a.batch_size * 4,
         learning_rate=a.lr, warmup_steps=a.warmup_steps, max_grad_norm=a.max_grad_norm,
         logging_steps=a.logging_steps, logging_nan_inf_filter=False,  # the filter hides NaN steps
         eval_strategy="steps", eval_steps=a.eval_steps,
-        save_strategy="steps", save_steps=a.eval_steps, save_total_limit=2,
-        load_best_model_at_end=True, metric_for_best_model="auroc", greater_is_better=True,
+        save_strategy="steps" if a.keep else "no", save_steps=a.eval_steps, save_total_limit=a.keep or None,
+        load_best_model_at_end=a.keep == 2, metric_for_best_model="auroc", greater_is_better=True,
         fp16=a.precision == "fp16", bf16=a.precision == "bf16",
         report_to=report_to, disable_tqdm=True, seed=a.seed, dataloader_pin_memory=torch.cuda.is_available(),
-        ddp_backend="gloo" if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available() else None)
-    telemetry = make_telemetry_callback(TrainerCallback)(a.out, a.num_labels)
-    trainer = Trainer(model=model, args=args, train_dataset=train_set, eval_dataset=eval_set,
-                      processing_class=tokenizer, compute_metrics=compute_metrics, callbacks=[telemetry])
-    trainer.train()
-    final = trainer.evaluate()  # the best checkpoint, reloaded by load_best_model_at_end
-    if trainer.is_world_process_zero():
-        best = trainer.state.best_model_checkpoint
-        atomic_write_json(os.path.join(a.out, "final_val_metrics.json"), {
-            "eval_auroc": final.get("eval_auroc"), "eval_acc": final.get("eval_acc"),
-            "eval_loss": final.get("eval_loss"), "step": trainer.state.global_step,
-            "best_checkpoint": best, "best_auroc": trainer.state.best_metric,
-            "seconds": round(time.time() - telemetry.t0, 1)})
-        print(f"done: eval_auroc={final.get('eval_auroc'):.4f} best={best}", flush=True)
+        ddp_backend="gloo" if world > 1 and not torch.cuda.is_available() else None)
+    per_step = a.batch_size * a.grad_accum * world  # samples per optimizer step, all ranks
+    batches = math.ceil(math.ceil(len(train_set) / world) / a.batch_size)
+    total = a.max_steps if a.max_steps > 0 else math.ceil(a.epochs * max(1, math.ceil(batches / a.grad_accum)))
+
+    with Telemetry(a.out, task="classification", num_labels=a.num_labels, total_steps=total,
+                   batch_size=a.batch_size * a.grad_accum, world_size=world, resume=a.resume) as tel:
+        trainer = atomic_checkpoints(Trainer)(
+            model=model, args=args, train_dataset=train_set, eval_dataset=eval_set, processing_class=tokenizer,
+            compute_metrics=compute_metrics, callbacks=[telemetry_callback(TrainerCallback, tel, per_step)])
+        trainer.train(resume_from_checkpoint=found if a.resume else None)
+        final = trainer.evaluate()  # the best checkpoint, reloaded by load_best_model_at_end
+        if trainer.is_world_process_zero():
+            best = trainer.state.best_model_checkpoint or (latest_checkpoint(ckpt_dir) if a.keep else None)
+            tel.done(eval_auroc=final.get("eval_auroc"), eval_acc=final.get("eval_acc"),
+                     eval_loss=final.get("eval_loss"), step=trainer.state.global_step, best_checkpoint=best,
+                     best_step=step_of(os.path.basename(best)) if best else None,
+                     best_auroc=trainer.state.best_metric, world_size=world, seconds=round(time.time() - tel.t0, 1))
+            print(f"done: eval_auroc={final.get('eval_auroc'):.4f} best={best}", flush=True)
+        tel.close()
 
 
 if __name__ == "__main__":

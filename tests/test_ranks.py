@@ -220,3 +220,11 @@ def test_rank_lines_many_unhealthy_stay_within_the_limit(tmp_path):
     out = rank_lines(ranks, NOW, stall_s=300, limit_chars=600)
     assert sum(len(x) + 1 for x in out) <= 601
     assert out[-1].startswith("... ") and "more unhealthy: ranks " in out[-1]
+
+
+def test_rank_dead_names_the_root_cause_rank_when_all_are_gone(tmp_path):
+    _, ranks = run_of(tmp_path, HEALTHY)
+    gone = {4200: "gone", 4201: "gone"}
+    assert rank_dead(ranks, gone).message.startswith("ANOMALY dead: rank 0 (pid 4200 on node-a) = gone != alive (and rank 1)")
+    cause = root_cause(open(os.path.join(os.path.dirname(__file__), "data", "torchrun_sigkill.log")).read().splitlines())
+    assert rank_dead(ranks, gone, cause).message.startswith("ANOMALY dead: rank 1 (pid 4201 on node-a) = gone != alive (and rank 0)")

@@ -1,0 +1,237 @@
+"""Slurm: the state mapping on recorded squeue/scontrol/sacct outputs (tests/data/slurm/), and a
+live single-node Slurm (Debian's slurm-wlm + munge) when it can run here."""
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from supervise.slurm import SlurmJob, query, slurm_anomaly
+
+DATA = Path(__file__).parent / "data"
+REC = DATA / "slurm"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def recorded(path: Path, **subst):
+    text = path.read_text()
+    for k, v in subst.items():
+        text = text.replace("{" + k + "}", v)
+    body, _, rc = text.rstrip("\n").rpartition("\n")
+    return int(rc.split("=")[1]), body + "\n"
+
+
+def replay(squeue=None, scontrol=None, sacct=None, **subst):
+    """A runner with subprocess.run's signature that answers each Slurm command with its
+    recorded output; a command without a recording is 'not installed'."""
+    files = {"squeue": squeue, "scontrol": scontrol, "sacct": sacct}
+    calls = []
+
+    def run(argv, capture_output=True, text=True, timeout=None):
+        calls.append(argv[0])
+        name = files.get(argv[0])
+        if name is None:
+            raise FileNotFoundError(argv[0])
+        rc, out = recorded(REC / name, **subst)
+        return subprocess.CompletedProcess(argv, rc, out if rc == 0 else "", out if rc else "")
+
+    run.calls = calls
+    return run
+
+
+GONE = "unknown.squeue"   # squeue: "slurm_load_jobs error: Invalid job id specified"
+
+
+@pytest.mark.parametrize("job_id, sources, state, running, kind, words", [
+    ("3", ("pending.squeue", None, None), "PENDING", False, None, []),
+    ("8", ("running.squeue", None, None), "RUNNING", True, None, []),
+    ("1", ("completed.squeue", "completed.scontrol", None), "COMPLETED", False, "dead",
+     ["slurm job 1 state = COMPLETED exit code 0 without final_val_metrics.json", "/tmp/sl/ok-1.out"]),
+    ("4", ("cancelled.squeue", "cancelled.scontrol", "no_accounting.sacct"), "CANCELLED", False, "dead",
+     ["slurm job 4 state = CANCELLED (canceller unknown without accounting)"]),
+    ("8", ("node_fail.squeue", "node_fail.scontrol", None), "NODE_FAIL", False, "node_fail",
+     ["slurm job 8 state = NODE_FAIL on vm", "sbatch --exclude=vm", "scontrol requeue 8"]),
+    ("9", ("timeout.squeue", "timeout.scontrol", None), "TIMEOUT", False, "timeout",
+     ["slurm job 9 state = TIMEOUT (time limit reached) on vm", "--time"]),
+    ("123456", (GONE, None, "oom.sacct"), "OUT_OF_MEMORY", False, "oom", ["slurm job 123456 state = OUT_OF_MEMORY on gpu-a01", "--mem"]),
+    ("123457", (GONE, None, "timeout.sacct"), "TIMEOUT", False, "timeout", ["on gpu-a[01-02]"]),
+    ("123458", (GONE, None, "preempted.sacct"), "PREEMPTED", False, "preempted", ["scontrol requeue 123458"]),
+    ("123459", (GONE, None, "cancelled.sacct"), "CANCELLED", False, "dead", ["CANCELLED by root (uid 0)"]),
+    ("123461", (GONE, None, "completed.sacct"), "COMPLETED", False, "dead", ["without final_val_metrics.json"]),
+    ("123462", (GONE, None, "node_fail.sacct"), "NODE_FAIL", False, "node_fail", ["sbatch --exclude=gpu-c03"]),
+])
+def test_state_mapping_on_recorded_outputs(job_id, sources, state, running, kind, words):
+    run = replay(*sources)
+    job = query(job_id, runner=run)
+    assert job.error is None and job.state == state and job.running is running
+    a = slurm_anomaly(job, sentinel_present=False, step=120)
+    assert (a.kind if a else None) == kind
+    for w in words:
+        assert w in a.message
+    if a:
+        assert a.message.startswith(f"ANOMALY {kind}: slurm job {job_id} state = ") and " at step 120. " in a.message
+        assert slurm_anomaly(job, sentinel_present=True, step=120) is None   # the run finished: no alarm
+
+
+def test_running_job_has_its_output_path_expanded():
+    job = query("8", runner=replay("running.squeue", "running.scontrol"))
+    assert job.stdout == "/tmp/sl/nf-8.out" and job.nodes == "vm" and job.source == "squeue"
+    alone = query("8", runner=replay("running.squeue"))       # no scontrol: squeue's %j expanded here
+    assert alone.stdout == "/tmp/sl/nf-8.out" and alone.running
+
+
+def test_failed_job_reports_the_first_failing_ranks_error_from_its_output(tmp_path):
+    """FAILED (sacct, squeue forgot the job): the output file slurm-ID.out in WorkDir holds
+    torchrun's failure block; the crash names rank 1's own error, not rank 0's fallout."""
+    (tmp_path / "slurm-123460.out").write_bytes((DATA / "torchrun_raise_record.log").read_bytes())
+    job = query("123460", runner=replay(GONE, None, "failed.sacct", workdir=str(tmp_path)))
+    assert (job.state, job.exit_code, job.signal) == ("FAILED", 1, 0)
+    assert job.stdout == str(tmp_path / "slurm-123460.out")
+    a = slurm_anomaly(job, sentinel_present=False, step=10)
+    assert a.kind == "crash"
+    assert "slurm job 123460 state = FAILED exit code 1 on gpu-a01: 'rank 1 (local_rank 1, pid 5082 on localhost) " \
+           "exitcode 1: RuntimeError: injected failure on rank 1 at step 10'" in a.message
+    assert "Connection closed" not in a.message
+
+
+def test_failed_job_with_a_plain_traceback_and_with_an_oom():
+    job = query("2", runner=replay("failed.squeue", "failed.scontrol"))
+    assert (job.state, job.exit_code, job.stdout) == ("FAILED", 3, "/tmp/sl/fail-2.out")
+    crash = slurm_anomaly(job, False, 7, log_lines=["start", "Traceback (most recent call last):",
+                                                    '  File "<string>", line 1, in <module>', "ValueError: boom"])
+    assert crash.kind == "crash" and "exit code 3 on vm: 'ValueError: boom'" in crash.message
+    oom = slurm_anomaly(job, False, 7, log_lines=["torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"])
+    assert oom.kind == "oom"
+    bare = slurm_anomaly(job, False, 7, log_lines=[])
+    assert bare.kind == "crash" and "(no traceback in /tmp/sl/fail-2.out)" in bare.message
+
+
+@pytest.mark.parametrize("runner, words", [
+    (replay(), "squeue not found: Slurm's client commands are not on PATH"),
+    (replay(GONE, None, "no_accounting.sacct"),
+     "job 999 unknown to squeue (slurm_load_jobs error: Invalid job id specified) and to sacct (Slurm accounting storage is disabled)"),
+    (replay(GONE, None, "dbd_down.sacct"), "Problem talking to the database"),
+])
+def test_unknown_state_is_an_error_value_not_an_exception(runner, words):
+    job = query("999", runner=runner)
+    assert job.state is None and words in job.error
+    assert slurm_anomaly(job, False, 0) is None
+
+
+def test_slow_scheduler_and_bad_id():
+    def slow(argv, **kw):
+        raise subprocess.TimeoutExpired(argv, kw.get("timeout"))
+    job = query("5", runner=slow)
+    assert job.state is None and "squeue did not answer within 10s" in job.error
+    bad = query("12; rm -rf /", runner=replay())
+    assert bad.error.startswith("bad Slurm job id '12; rm -rf /'")
+
+
+def test_requeue_hold_and_cancelled_by_a_user():
+    job = SlurmJob("77", state="REQUEUE_HOLD", nodes="gpu-a01")
+    assert "scontrol release 77" in slurm_anomaly(job, False, 3).message
+    job = SlurmJob("78", state="CANCELLED", cancelled_by="alice (uid 1000)", command="/home/alice/train.sbatch",
+                   workdir="/home/alice")
+    msg = slurm_anomaly(job, False, 3).message
+    assert "CANCELLED by alice (uid 1000)" in msg and "cd /home/alice && sbatch /home/alice/train.sbatch" in msg
+
+
+# --- a live single-node Slurm -----------------------------------------------------------------
+
+def _node_up() -> bool:
+    try:
+        p = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return p.returncode == 0 and any(s.strip("*~#") in ("idle", "mixed", "allocated") for s in p.stdout.split())
+
+
+def _pid(path):
+    try:
+        return int(Path(path).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+@pytest.fixture(scope="session")
+def slurm():
+    """A running single-node Slurm: the one already up, or one started by .ci/slurm-setup.sh
+    (and stopped again at the end of the session)."""
+    missing = [c for c in ("sbatch", "squeue", "scontrol", "slurmctld", "slurmd", "munged") if not shutil.which(c)]
+    if missing:
+        pytest.skip(f"Slurm is not installed ({', '.join(missing)} missing): run .ci/slurm-setup.sh as root "
+                    "(apt-get install slurm-wlm munge)")
+    started = []
+    if not _node_up():
+        if os.geteuid() != 0:
+            pytest.skip("Slurm is installed but not running, and starting slurmctld/slurmd needs root")
+        daemons = (("slurmd", "/run/slurmd.pid"), ("slurmctld", "/run/slurmctld.pid"), ("munged", "/run/munge/munged.pid"))
+        before = {n: _pid(f) for n, f in daemons}
+        subprocess.run(["bash", str(ROOT / ".ci" / "slurm-setup.sh"), "--start"], capture_output=True, timeout=120)
+        end = time.time() + 60
+        while time.time() < end and not _node_up():
+            time.sleep(1)
+        if not _node_up():
+            pytest.skip("slurmctld/slurmd did not bring the node up within 60 s (see /var/log/slurm/)")
+        started = [p for n, f in daemons if (p := _pid(f)) and p != before[n]]
+    yield
+    for pid in started:  # only the daemons this session started
+        try:
+            os.kill(pid, 15)
+        except ProcessLookupError:
+            pass
+
+
+def sbatch(*args) -> str:
+    p = subprocess.run(["sbatch", "--parsable", *map(str, args)], capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0, p.stderr
+    return p.stdout.strip().split(";")[0]
+
+
+def wait_state(job_id, done, timeout=120):
+    end = time.time() + timeout
+    while time.time() < end:
+        job = query(job_id)
+        if done(job):
+            return job
+        time.sleep(0.5)
+    raise AssertionError(f"job {job_id} stayed {query(job_id)}")
+
+
+def test_live_pending_then_cancelled(slurm, tmp_path):
+    jid = sbatch("--begin=now+1hour", "-o", tmp_path / "train.log", "--wrap", "sleep 1")
+    job = wait_state(jid, lambda j: j.state is not None)
+    assert job.state == "PENDING" and not job.running and job.waiting
+    assert slurm_anomaly(job, sentinel_present=False, step=0) is None      # queued is not a stall
+    subprocess.run(["scancel", jid], timeout=30, check=True)
+    job = wait_state(jid, lambda j: j.finished)
+    a = slurm_anomaly(job, sentinel_present=False, step=0)
+    assert a.kind == "dead" and f"slurm job {jid} state = CANCELLED" in a.message
+
+
+def test_live_running_then_completed_without_sentinel(slurm, tmp_path):
+    jid = sbatch("-o", tmp_path / "train-%j.out", "--wrap", "echo training; sleep 3")
+    job = wait_state(jid, lambda j: j.running or j.finished)
+    job = wait_state(jid, lambda j: j.finished)
+    assert job.state == "COMPLETED" and job.stdout == str(tmp_path / f"train-{jid}.out")
+    assert slurm_anomaly(job, sentinel_present=False, step=0).kind == "dead"
+    assert slurm_anomaly(job, sentinel_present=True, step=0) is None
+
+
+def test_live_torchrun_job_failing_on_rank_1_is_a_crash_with_its_root_cause(slurm, tmp_path):
+    pytest.importorskip("torch")
+    run = tmp_path / "run"
+    run.mkdir()
+    torchrun = Path(sys.executable).with_name("torchrun")
+    jid = sbatch("-o", run / "train.log", "--chdir", tmp_path, "--wrap",
+                 f"exec {torchrun} --nproc_per_node 2 {ROOT / 'tests' / 'ddp_loop.py'} --out {run} "
+                 "--raise-rank 1 --raise-step 6")
+    job = wait_state(jid, lambda j: j.finished, timeout=240)
+    assert (job.state, job.exit_code) == ("FAILED", 1), (run / "train.log").read_text()[-2000:]
+    assert job.stdout == str(run / "train.log")
+    a = slurm_anomaly(job, sentinel_present=False, step=6)
+    assert a.kind == "crash"
+    assert "exitcode 1: RuntimeError: injected failure on rank 1 at step 6" in a.message and "rank 1 (local_rank 1" in a.message

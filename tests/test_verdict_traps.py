@@ -1,0 +1,257 @@
+"""The traps real runs set for the verdict engine, each with real processes launched through a
+shell as users launch them (output appended to RUN_DIR/train.log, no --pid): a relaunch into an
+old folder, a crash before the first record, a SIGKILL with no start record, bad records, bad
+files, signals; and check-in agreeing with the watchdog."""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import FAKE, read_json, run_script, start_script
+from supervise.contract import atomic_write_json
+
+LINE = re.compile(r"^ANOMALY (?P<kind>[a-z_]+): .+ at step (?P<step>\d+)\. .+\.$")
+FAST = ("--poll", "0.2")
+
+
+def launch(run_dir, *args, script=None):
+    """The README's launch: one shell line, output appended to RUN_DIR/train.log."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    argv = " ".join(map(str, args))
+    cmd = f"{sys.executable} -u {script or FAKE} {run_dir} {argv} >> {run_dir}/train.log 2>&1"
+    return subprocess.Popen(cmd, shell=True, start_new_session=True)
+
+
+def kill(p):
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    p.wait()
+
+
+@pytest.fixture
+def procs():
+    made = []
+    yield made
+    for p in made:
+        kill(p)
+
+
+def finished_run(run_dir, *extra):
+    """A folder that holds a completed run: metrics, sentinel, log."""
+    p = launch(run_dir, "--records", 10, "--dt", 0.01, *extra)
+    assert p.wait(timeout=60) == 0
+    assert (run_dir / "final_val_metrics.json").exists()
+
+
+@pytest.mark.parametrize("identity", ["run_id", "seed_format_truncating"])
+def test_relaunch_into_a_finished_folder_is_not_ok_done(identity, tmp_path, procs):
+    run = tmp_path / "run"
+    if identity == "run_id":
+        finished_run(run, "--run-id", "old")
+        new = ("--run-id", "new")
+    else:
+        finished_run(run, "--no-start")
+        (run / "metrics.jsonl").write_text("")  # the seed's callback truncates at start
+        new = ("--no-start",)
+    time.sleep(1.1)  # the new records are written at least a second after the old sentinel
+    procs.append(launch(run, "--records", 60, "--dt", 0.05, "--nan-at", 100, "--no-sentinel", "--linger", 60, *new))
+    rc, out, err = run_script("watchdog.py", run, *FAST, timeout=60)
+    assert rc == 7 and LINE.match(out.strip())["kind"] == "nan", out + err
+
+
+def test_old_fatal_is_history_for_a_healthy_relaunch(tmp_path, procs):
+    run = tmp_path / "run"
+    p = launch(run, "--records", 20, "--dt", 0.01, "--fatal-at", 50, "--run-id", "old")
+    p.wait(timeout=60)
+    procs.append(launch(run, "--records", 20, "--dt", 0.03, "--run-id", "new"))
+    rc, out, err = run_script("watchdog.py", run, *FAST, timeout=60)
+    assert rc == 0 and out.startswith("OK done: final_val_metrics.json written at step 200/200"), out + err
+
+
+def test_crash_before_the_first_record_is_named_within_seconds(tmp_path, procs):
+    """A bad flag, a missing data file: the traceback is in train.log at once; the startup grace
+    (300 s by default) must not delay the verdict."""
+    run = tmp_path / "run"
+    bad = tmp_path / "bad_train.py"
+    bad.write_text("import sys, time\ntime.sleep(1.0)\nraise FileNotFoundError('data/train.jsonl')\n")
+    procs.append(launch(run, script=bad))
+    t0 = time.time()
+    rc, out, err = run_script("watchdog.py", run, "--poll", "0.5", timeout=120)
+    assert rc == 7 and LINE.match(out.strip())["kind"] == "crash", out + err
+    assert "FileNotFoundError: data/train.jsonl" in out
+    assert time.time() - t0 < 60  # not the 300 s startup grace
+
+
+def test_crash_before_the_watchdog_started_is_named_too(tmp_path):
+    run = tmp_path / "run"
+    bad = tmp_path / "bad_train.py"
+    bad.write_text("raise SystemExit('error: unrecognized arguments: --lrr')\n")
+    p = launch(run, script=bad)
+    p.wait(timeout=60)
+    (run / "train.log").write_text("Traceback (most recent call last):\n  File \"t.py\"\nKeyError: 'label'\n")
+    rc, out, err = run_script("watchdog.py", run, "--poll", "0.5", "--orphan-grace", "2", timeout=120)
+    assert rc == 7 and "crash" in out and "KeyError: 'label'" in out, out + err
+
+
+def test_sigkill_without_a_start_record_is_dead_not_a_late_stall(tmp_path, procs):
+    """The seed's format has no pid anywhere: the process writing train.log is the run."""
+    run = tmp_path / "run"
+    p = launch(run, "--records", 5000, "--dt", 0.03, "--no-start")
+    procs.append(p)
+    wd = start_script("watchdog.py", run, "--poll", "0.5", "--max-stall", "300")
+    deadline = time.time() + 60
+    while not (run / "metrics.jsonl").exists() or (run / "metrics.jsonl").stat().st_size < 200:
+        assert time.time() < deadline
+        time.sleep(0.1)
+    time.sleep(1.5)
+    t0 = time.time()
+    os.killpg(p.pid, signal.SIGKILL)
+    out, err = wd.communicate(timeout=60)
+    assert wd.returncode == 7 and LINE.match(out.strip())["kind"] == "dead", out + err
+    assert "writes train.log" in out
+    assert time.time() - t0 < 20
+
+
+def test_sigstop_without_a_start_record_is_a_stall_at_once(tmp_path, procs):
+    run = tmp_path / "run"
+    p = launch(run, "--records", 5000, "--dt", 0.03, "--no-start")
+    procs.append(p)
+    wd = start_script("watchdog.py", run, "--poll", "0.5", "--max-stall", "300")
+    time.sleep(3)
+    os.killpg(p.pid, signal.SIGSTOP)
+    try:
+        out, err = wd.communicate(timeout=60)
+    finally:
+        os.killpg(p.pid, signal.SIGCONT)
+    assert wd.returncode == 7 and "stall" in out and "state = stopped" in out, out + err
+
+
+BAD_RECORDS = [
+    '{"step": 1e400, "t": 1, "loss": 0.5}', '{"step": NaN, "t": 1, "loss": 0.5}',
+    '{"step": "abc", "t": 1, "loss": 0.5}', '{"step": null, "t": 1, "loss": 0.5}',
+    '{"step": "x", "t": 1, "FATAL_": 1}', '{"step": null, "eval_auroc": 0.9}', '{"t": 3, "loss": 0.2}',
+    '{"event": "start", "t": 0, "pid": 1e400, "num_labels": "x"}',
+    '{"event": "start", "t": 0, "pid": "abc", "num_labels": 1e400, "batch_size": "8"}',
+    "[" * 100000 + "]" * 100000, '{"a": ' * 50000 + "1" + "}" * 50000, "\x00\xff garbage",
+]
+
+
+def test_the_watchdog_outlives_every_bad_record(tmp_path, trainer):
+    """One bad record used to kill the watchdog; now each is counted and skipped."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("\n".join(BAD_RECORDS) + "\n")
+    trainer(run, "--records", 20, "--dt", 0.03)
+    rc, out, err = run_script("watchdog.py", run, *FAST, timeout=60)
+    assert rc == 0 and out.startswith("OK done"), out + err
+    assert "Traceback" not in err
+    state = read_json(run / "watchdog.json")
+    assert state["records"]["bad_lines"] >= 8
+
+
+def test_a_fatal_with_a_string_step_is_still_fatal(tmp_path, trainer):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"event":"start","t":0}\n{"step": "x", "t": 1, "FATAL": 42}\n')
+    rc, out, err = run_script("watchdog.py", run, *FAST, "--orphan-grace", "30", timeout=60)
+    assert rc == 7 and out.startswith("ANOMALY fatal: FATAL = '42' written at step 0"), out + err
+
+
+@pytest.mark.parametrize("content", ["", "{", "[1, 2]", '"done"'])
+def test_a_sentinel_still_being_written_is_not_done(content, tmp_path, trainer):
+    run = tmp_path / "run"
+    t = trainer(run, "--records", 2000, "--dt", 0.03, "--no-sentinel", "--linger", 60)
+    t.wait_for_line(run / "metrics.jsonl", 3)
+    (run / "final_val_metrics.json").write_text(content)
+    rc, out, err = run_script("watchdog.py", run, *FAST, "--hard-timeout", "3", timeout=60)
+    assert rc == 7 and out.startswith("ANOMALY timeout"), out + err
+    os.unlink(run / "watchdog.json")  # check-in's own view
+    rc, out, _ = run_script("checkin.py", run)
+    assert out.startswith("RUNNING healthy"), out
+
+
+@pytest.mark.parametrize("make", ["fifo", "dev_zero"])
+def test_a_blind_watchdog_says_so(make, tmp_path):
+    """Never a hang, never a healthy look: exit 2 at start; a blind anomaly when it happens later."""
+    run = tmp_path / "run"
+    run.mkdir()
+    target = run / "metrics.jsonl"
+    if make == "fifo":
+        os.mkfifo(target)
+    else:
+        target.symlink_to("/dev/zero")
+    rc, out, err = run_script("watchdog.py", run, *FAST, timeout=30)
+    assert rc == 2 and "not a regular file" in err and len(err.strip().splitlines()) == 1, err
+    rc, out, err = run_script("checkin.py", run, timeout=30)
+    assert rc == 0 and "ANOMALY blind" in out and "not a regular file" in out, out + err
+
+
+def test_blind_watchdog_says_so(tmp_path, trainer):
+    run = tmp_path / "run"
+    t = trainer(run, "--records", 2000, "--dt", 0.03, "--no-sentinel", "--linger", 60)
+    t.wait_for_line(run / "metrics.jsonl", 3)
+    wd = start_script("watchdog.py", run, *FAST)
+    time.sleep(1.5)
+    os.unlink(run / "metrics.jsonl")
+    os.mkfifo(run / "metrics.jsonl")
+    out, err = wd.communicate(timeout=30)
+    assert wd.returncode == 7 and out.startswith("ANOMALY blind: read error = "), out + err
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_stop_signals_give_one_line_and_save_the_state(sig, tmp_path, trainer):
+    run = tmp_path / "run"
+    t = trainer(run, "--records", 2000, "--dt", 0.03, "--no-sentinel")
+    t.wait_for_line(run / "metrics.jsonl", 3)
+    wd = start_script("watchdog.py", run, *FAST)
+    time.sleep(1.5)
+    wd.send_signal(sig)
+    if sig == signal.SIGINT:
+        wd.send_signal(sig)  # a second Ctrl-C while stopping changes nothing
+    out, err = wd.communicate(timeout=30)
+    assert wd.returncode == 0 and out.startswith(f"STOPPED: watchdog ended by {signal.Signals(sig).name}"), out + err
+    assert "Traceback" not in err
+    assert read_json(run / "watchdog.json")["state"] == "stopped"
+
+
+@pytest.mark.parametrize("args,needle", [
+    (("",), "run directory"), (("{dir}", "--sentinel", ""), "not a file name"),
+    (("{dir}", "--sentinel", "../x"), "not a file name"), (("{dir}", "--sentinel", "/tmp/x"), "not a file name"),
+    (("{dir}", "--min-auroc", "nan"), "finite"), (("{dir}", "--poll", "9" * 20), "30 days"),
+    (("{dir}", "--sustain", "9" * 20), "too"), (("{dir}", "--max-stall", "inf"), "duration"),
+])
+def test_bad_watchdog_usage_is_one_line_exit_2(args, needle, tmp_path):
+    rc, out, err = run_script("watchdog.py", *[a.format(dir=tmp_path) for a in args], timeout=30)
+    assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1 and needle in err, err
+
+
+AGREE = [
+    ("nan", ("--records", 40, "--nan-at", 120, "--no-sentinel", "--linger", 60), "nan"),
+    ("fatal", ("--records", 40, "--fatal-at", 100), "fatal"),
+    ("chance", ("--records", 60, "--loss", 0.69, "--no-sentinel", "--linger", 60), "chance_loss"),
+    ("inverted", ("--records", 60, "--auroc", 0.12, "--no-sentinel", "--linger", 60), "inverted_labels"),
+    ("diverged", ("--records", 60, "--loss-from", 200, "--loss-value", 2e4, "--no-sentinel", "--linger", 60), "diverged"),
+    ("crash", ("--records", 40, "--crash-at", 100), "crash"),
+    ("oom", ("--records", 40, "--oom-at", 100), "oom"),
+    ("exit", ("--records", 40, "--exit-at", 150), "dead"),
+    ("healthy", ("--records", 20), None),
+]
+
+
+@pytest.mark.parametrize("name,args,kind", AGREE, ids=[a[0] for a in AGREE])
+def test_checkin_without_a_watchdog_gives_the_watchdogs_kind(name, args, kind, tmp_path, procs):
+    run = tmp_path / "run"
+    procs.append(launch(run, "--dt", 0.03, *args))
+    rc, out, err = run_script("watchdog.py", run, *FAST, timeout=60)
+    assert rc == (7 if kind else 0), out + err
+    os.unlink(run / "watchdog.json")  # check-in must reach the same verdict on its own
+    rc, out, err = run_script("checkin.py", run, "--json")
+    facts = json.loads(out)
+    assert facts["verdict"] == (f"ANOMALY {kind}" if kind else "DONE"), out
