@@ -48,10 +48,16 @@ def poll_cost(lines: int) -> dict:
         run = Path(d)
         make_file(run / "metrics.jsonl", lines)
         size = (run / "metrics.jsonl").stat().st_size
+        t0 = time.perf_counter()
+        full = Watcher(run, Thresholds(poll=30, max_stall=1e9, hard_timeout=1e9))
+        full.reader.catchup = 1 << 62   # what v0.1 did: fold every line once
+        full.poll()
+        full_catch_up = time.perf_counter() - t0
         w = Watcher(run, Thresholds(poll=30, max_stall=1e9, hard_timeout=1e9))
         t0 = time.perf_counter()
         w.poll()
         catch_up = time.perf_counter() - t0
+        skipped = w.reader.skipped_bytes
         step = lines * 10
         costs, read = [], []
         with open(run / "metrics.jsonl", "a") as f:
@@ -71,7 +77,8 @@ def poll_cost(lines: int) -> dict:
             naive_poll(run / "metrics.jsonl")
             naive.append(time.perf_counter() - t0)
     poll = statistics.median(costs)
-    return {"lines": lines, "file_mb": size / 1e6, "catch_up_s": catch_up, "poll_s": poll,
+    return {"lines": lines, "file_mb": size / 1e6, "catch_up_s": catch_up, "full_catch_up_s": full_catch_up,
+            "skipped_mb": skipped / 1e6, "poll_s": poll,
             "poll_p95_s": sorted(costs)[int(len(costs) * 0.95)], "bytes_per_poll": statistics.median(read),
             "naive_s": min(naive), "ratio": min(naive) / poll}
 
@@ -116,7 +123,10 @@ def main():
     a = p.parse_args()
     r = poll_cost(a.lines)
     print(f"metrics file: {r['lines']:,} lines, {r['file_mb']:.0f} MB")
-    print(f"first poll (one-time catch-up of the whole file): {r['catch_up_s']:.2f} s")
+    print(f"first poll, re-attach (head + notable lines + tail, {r['skipped_mb']:.0f} MB skimmed): "
+          f"{r['catch_up_s']:.2f} s (target <= 1 s)")
+    print(f"first poll, folding every line (v0.1): {r['full_catch_up_s']:.2f} s "
+          f"-> re-attach {r['full_catch_up_s'] / r['catch_up_s']:.0f}x faster")
     print(f"steady poll: median {r['poll_s'] * 1e3:.3f} ms, p95 {r['poll_p95_s'] * 1e3:.3f} ms, "
           f"{r['bytes_per_poll']:.0f} bytes read")
     print(f"re-reading the whole file: {r['naive_s']:.2f} s")

@@ -233,8 +233,12 @@ def main(argv=None) -> int:
     p.add_argument("--run-dir", help="command mode: the run directory the command writes")
     p.add_argument("--json", action="store_true", help="one JSON object instead of text")
     a = p.parse_args(argv)
-    if a.cmd and not a.run_dir:
+    if a.cmd is not None and not a.cmd.strip():
+        p.error("--cmd is empty; give the command that runs your script for ~20 steps")
+    if a.cmd and not (a.run_dir or "").strip():
         p.error("--cmd needs --run-dir (the folder its metrics.jsonl goes to)")
+    if a.cmd and os.path.exists(a.run_dir) and not os.path.isdir(a.run_dir):
+        p.error(f"--run-dir {a.run_dir} is a file; pass the folder the command writes its metrics.jsonl to")
     try:
         m = measure_command(a) if a.cmd else measure_model(a)
     except ImportError as e:

@@ -28,7 +28,8 @@ from typing import Mapping, Optional
 from .logs import RootCause, oom_line
 from .rules import Anomaly, anomaly, secs
 
-MAX_READ = 256 << 10      # bytes read from one rank file per poll (the rest is skipped, oldest first)
+MAX_READ = 64 << 10       # bytes read from one rank file per poll (the rest is skipped, oldest first)
+FIRST_READ = 32 << 10     # bytes read from the end of a rank file the first time it is seen
 MAX_PARTIAL = 64 << 10    # a torn line longer than this is garbage, not a line in progress
 HISTORY = 512             # (time, sps) samples kept per rank
 GONE = ("gone", "zombie", "dead")
@@ -84,7 +85,9 @@ class RankFiles:
 
     ``poll()`` lists RUN_DIR/ranks/rank-<N>.jsonl, stats each file and reads only the bytes
     appended since the last poll (at most MAX_READ per file: a file that grew more is read from
-    its last MAX_READ bytes). A file that shrank or was replaced is read again from its start.
+    its last MAX_READ bytes; a file seen for the first time, from its last FIRST_READ bytes, so
+    that attaching to a long run costs no more than a few polls). A file that shrank or was
+    replaced is read again from its start.
     Returns ``{rank: RankState}`` for the files that held at least one heartbeat or FATAL."""
 
     def __init__(self, run_dir):
@@ -122,14 +125,16 @@ class RankFiles:
         if s is None:
             s = self.state[rank] = RankState(rank=rank, path=path)
         if tail.ino is not None and (st.st_ino != tail.ino or st.st_size < tail.offset):
-            tail.offset, tail.partial = 0, b""   # replaced or truncated: a new file
+            tail.offset, tail.partial, tail.size = 0, b"", -1   # replaced or truncated: a new file
         tail.ino = st.st_ino
         s.mtime = st.st_mtime
         if st.st_size == tail.offset:
             return
         start = tail.offset
-        if st.st_size - start > MAX_READ:
-            start, tail.partial = st.st_size - MAX_READ, b""
+        bound = FIRST_READ if tail.size < 0 else MAX_READ
+        tail.size = st.st_size
+        if st.st_size - start > bound:
+            start, tail.partial = st.st_size - bound, b""
             cut = True
         else:
             cut = False
@@ -306,28 +311,36 @@ def rank_hang(ranks: Mapping[int, RankState], now: float, procs: Mapping[int, st
                    f"collective, I/O); kill -CONT {pid} if it was stopped, else kill the job and relaunch")
 
 
+def _window(history, start: float) -> tuple[list, Optional[float]]:
+    """(sps samples at or after ``start``, the last sample before it or None); newest first."""
+    mine, before = [], None
+    for t, v in reversed(history):
+        if t < start:
+            before = v
+            break
+        mine.append(v)
+    return mine, before
+
+
 def straggler(ranks: Mapping[int, RankState], now: float, window_s: float,
               ratio: float = 0.75) -> Optional[Anomaly]:
     """A rank whose every sps sample in the last ``window_s`` (and the one before, so that the
-    slowness is known to span the window) is below ``ratio`` x the median sps of the other ranks
-    over the same window: ``straggler``. Needs at least two ranks with samples."""
+    slowness is known to span the window) is below ``ratio`` x the median of the other ranks'
+    median sps over the same window: ``straggler``. Needs at least two ranks with samples."""
     start = now - window_s
-    recent = {r: [v for t, v in s.history if t >= start] for r, s in ranks.items()}
-    recent = {r: v for r, v in recent.items() if v}
-    if len(recent) < 2:
+    windows = {r: _window(s.history, start) for r, s in ranks.items()}
+    medians = {r: statistics.median(w[0]) for r, w in windows.items() if w[0]}
+    if len(medians) < 2:
         return None
     worst = None
-    for r, mine in recent.items():
-        before = [v for t, v in ranks[r].history if t < start]
-        if not before:
-            continue  # its history does not reach back over the whole window yet
-        others = [v for o, vs in recent.items() if o != r for v in vs]
-        med = statistics.median(others)
+    for r, (mine, before) in windows.items():
+        if not mine or before is None:
+            continue  # silent in the window, or its history does not reach back over it yet
+        med = statistics.median([m for o, m in medians.items() if o != r])
         floor = ratio * med
-        if med > 0 and before[-1] < floor and all(v < floor for v in mine):
-            slow = statistics.median(mine)
-            if worst is None or slow / med < worst[1] / worst[2]:
-                worst = (r, slow, med, floor)
+        if med > 0 and before < floor and max(mine) < floor:
+            if worst is None or medians[r] / med < worst[1] / worst[2]:
+                worst = (r, medians[r], med, floor)
     if worst is None:
         return None
     r, slow, med, floor = worst

@@ -652,3 +652,34 @@ def evaluate(w: Window, th: Thresholds, findings: Optional[dict] = None, extra: 
         if found is not None:
             return found
     return None
+
+
+def thresholds_markdown() -> str:
+    """references/thresholds.md, generated from ``Thresholds`` and ``KINDS`` (a test keeps the
+    file equal to this text)."""
+    rows = []
+    for name, default, unit, doc, is_duration in Thresholds.describe():
+        shown = "off" if default is False else f"{default:g}s" if is_duration else f"{default:g}"
+        rows.append(f"| `--{name.replace('_', '-')}` | {shown} | {unit} | {doc} |")
+    return "\n".join([
+        "# Watchdog flags and thresholds",
+        "",
+        "Generated from `supervise.rules.Thresholds` (`python -c \"from supervise.rules import "
+        "thresholds_markdown as t; print(t(), end='')\" > references/thresholds.md`); a test fails when it drifts.",
+        "",
+        "`python scripts/watchdog.py RUN_DIR [flags]`. Durations take seconds or `90s`, `6m`, `3h`.",
+        "Exit 0: `OK done: ...`; exit 7: `ANOMALY <kind>: ...`; exit 2: bad usage (one line);",
+        "SIGTERM/SIGINT/SIGHUP: `STOPPED: ...`, exit 0, state saved. Other flags: `--pid PID` (repeatable),",
+        "`--log PATH` (default `RUN_DIR/train.log`), `--sentinel NAME` (default `final_val_metrics.json`).",
+        "",
+        "| flag | default | unit | meaning |",
+        "| --- | --- | --- | --- |",
+        *rows,
+        "",
+        "Kinds, most specific first (when several hold in one poll, the first is reported): "
+        + ", ".join(f"`{k}`" for k in KINDS) + ".",
+        "Record kinds report the first step where they held, whatever the poll interval. `overfit` is a",
+        "check-in warning unless `--overfit-alarm` is given. With no GPU or no NVML, `gpu_idle` is off",
+        "and `watchdog.json` says so.",
+        "",
+    ])

@@ -106,7 +106,78 @@ def die(msg):
     sys.exit(2)
 
 
-DATA_SECTION
+# ----------------------------------------------------------------------------- data (same in both templates)
+POSITIVE = "good great excellent superb lovely delightful brilliant wonderful fantastic pleasant".split()
+NEGATIVE = "bad awful terrible poor dreadful horrible boring nasty dismal painful".split()
+NEUTRAL = ("the a movie film plot actor scene story it was is and with of to in this that very "
+           "quite rather so really at times some parts ending music camera script cast").split()
+
+
+def generated_task(n, seed):
+    """Reviews of neutral words around one sentiment word, negated one time in ten ("not
+    good" is negative); label 1 = positive. Easy, but not a bag of words."""
+    rng = random.Random(seed)
+    texts, labels = [], []
+    for _ in range(n):
+        label = rng.randint(0, 1)
+        negate = rng.random() < 0.1
+        word = rng.choice(POSITIVE if label != negate else NEGATIVE)
+        words = [rng.choice(NEUTRAL) for _ in range(rng.randint(6, 14))]
+        words.insert(rng.randrange(len(words) + 1), f"not {word}" if negate else word)
+        texts.append(" ".join(words))
+        labels.append(label)
+    return texts, labels
+
+
+def read_table(path, text_col, label_col):
+    """Texts and labels of a CSV, JSON (records) or JSONL file; labels 1.0 become 1."""
+    import pandas as pd
+    if not os.path.isfile(path):
+        die(f"{path} does not exist (pass a CSV, JSON or JSONL file)")
+    if path.endswith((".jsonl", ".json")):
+        df = pd.read_json(path, lines=path.endswith(".jsonl"))
+    else:
+        df = pd.read_csv(path)
+    missing = [c for c in (text_col, label_col) if c not in df.columns]
+    if missing:
+        die(f"{path} has no column {missing[0]!r}; columns are {list(df.columns)} (use --text-col / --label-col)")
+    labels = [int(v) if isinstance(v, float) and v.is_integer() else v for v in df[label_col].tolist()]
+    return df[text_col].astype(str).tolist(), labels
+
+
+def check_labels(labels, num_labels, split, label_col):
+    """Fail loud before training: integer labels in [0, num_labels), every class present."""
+    bad = sorted({repr(v) for v in labels if isinstance(v, bool) or not isinstance(v, int)
+                  or not 0 <= v < num_labels}, key=str)[:5]
+    if bad:
+        die(f"label column {label_col!r} in {split} holds {', '.join(bad)}; labels must be "
+            f"integers in [0, {num_labels}) (set --num-labels or map the labels)")
+    found = sorted(set(labels))
+    if len(found) < num_labels:
+        die(f"label column {label_col!r} in {split} holds only {found}; every class "
+            f"0..{num_labels - 1} must be present (check the split or the sampling)")
+
+
+def load_data(a):
+    """(train texts, labels), (eval texts, labels), labels checked."""
+    if a.data is None:
+        texts, labels = generated_task(a.samples + a.eval_samples, a.seed)
+        train, ev = (texts[:a.samples], labels[:a.samples]), (texts[a.samples:], labels[a.samples:])
+    elif a.eval_data:
+        texts, labels = read_table(a.data, a.text_col, a.label_col)
+        ev_x, ev_y = read_table(a.eval_data, a.text_col, a.label_col)
+        train, ev = (texts[:a.samples], labels[:a.samples]), (ev_x[:a.eval_samples], ev_y[:a.eval_samples])
+    else:
+        texts, labels = read_table(a.data, a.text_col, a.label_col)
+        order = list(range(len(texts)))
+        random.Random(a.seed).shuffle(order)
+        n_eval = max(1, int(len(order) * EVAL_FRACTION))
+        held, kept = order[:n_eval], order[n_eval:][:a.samples]
+        train = ([texts[i] for i in kept], [labels[i] for i in kept])
+        ev = ([texts[i] for i in held], [labels[i] for i in held])
+    check_labels(train[1], a.num_labels, "train", a.label_col)
+    check_labels(ev[1], a.num_labels, "eval", a.label_col)
+    return train, ev
 
 
 # ----------------------------------------------------------------------------- model
@@ -216,8 +287,8 @@ def atomic_checkpoints(Trainer):
             self.accelerator.wait_for_everyone()
             if self.args.should_save:
                 best = self.state.best_global_step
-                if self.args.load_best_model_at_end and best:
-                    self.state.best_model_checkpoint = os.path.join(real, f"checkpoint-{best}")
+                self.state.best_model_checkpoint = os.path.join(real, f"checkpoint-{best}") \
+                    if self.args.load_best_model_at_end and best else None
                 staged, ready = os.path.join(real, ".staging", name), os.path.join(real, ".ready-" + name)
                 self.state.save_to_json(os.path.join(staged, "trainer_state.json"))  # the real best path
                 os.replace(staged, ready)
@@ -234,6 +305,175 @@ def atomic_checkpoints(Trainer):
 
 # ----------------------------------------------------------------------------- telemetry (a verbatim copy of supervise/telemetry.py)
 # --- telemetry: begin ---
+import json
+import math
+import os
+import socket
+import sys
+import tempfile
+import time
+import traceback
+import uuid
+
+
+class Telemetry:
+    """Writes RUN_DIR/metrics.jsonl (rank 0), RUN_DIR/ranks/rank-<N>.jsonl (every rank) and the
+    completion sentinel RUN_DIR/final_val_metrics.json, one os.write per line (O_APPEND).
+
+    task: "classification" | "lm" | "regression" | ... ; chance loss is ln(num_labels) for
+    classification and ln(vocab_size) for lm. batch_size: samples per optimizer step on one rank
+    (per-device batch x gradient accumulation); when given, sps (all ranks) is measured.
+    rank / world_size default to torchrun's RANK / WORLD_SIZE variables. attempt: 1, or with
+    resume=True one more than the start records already in metrics.jsonl (never truncated).
+    Values may be anything float() accepts (tensors, numpy scalars).
+    """
+
+    def __init__(self, run_dir, *, task="classification", num_labels=None, vocab_size=None,
+                 total_steps=None, batch_size=None, world_size=None, rank=None, attempt=None,
+                 resume=False):
+        env = os.environ
+        self.run_dir = str(run_dir)
+        self.rank = int(rank if rank is not None else env.get("RANK", env.get("LOCAL_RANK", 0)))
+        self.local_rank = int(env.get("LOCAL_RANK", self.rank))
+        self.world_size = int(world_size or env.get("WORLD_SIZE", 1))
+        self.batch_size = batch_size
+        self.run_id = uuid.uuid4().hex
+        self.t0 = time.time()
+        self.last_step = None
+        self._mark = None  # (step, time) the next sps is measured from
+        self._fatal = False
+        self.metrics_path = os.path.join(self.run_dir, "metrics.jsonl")
+        self.sentinel_path = os.path.join(self.run_dir, "final_val_metrics.json")
+        os.makedirs(os.path.join(self.run_dir, "ranks"), exist_ok=True)
+        self._rank_fd = self._open(os.path.join(self.run_dir, "ranks", f"rank-{self.rank}.jsonl"))
+        self._fd = None
+        if attempt is None:
+            attempt = 1 + self._count_starts() if resume and self.rank == 0 else 1
+        self.attempt = int(attempt)
+        if self.rank != 0:
+            return
+        chance = {"classification": num_labels, "lm": vocab_size}.get(task)
+        self._fd = self._open(self.metrics_path)
+        self._write({"event": "start", "t": 0, "pid": os.getpid(), "run_id": self.run_id,
+                     "attempt": self.attempt, "task": task, "num_labels": num_labels,
+                     "vocab_size": vocab_size,
+                     "chance_loss": round(math.log(chance), 6) if chance and chance > 1 else None,
+                     "total_steps": total_steps, "batch_size": batch_size,
+                     "world_size": self.world_size, "rank": self.rank, "argv": list(sys.argv),
+                     "cwd": os.getcwd(), "host": socket.gethostname(), "time": self.t0})
+
+    # -- the calls a training loop makes
+    def step(self, step, loss, *, lr=None, grad_norm=None, sps=None, **extra):
+        """One step record (rank 0) and one heartbeat (every rank). A non-finite loss or grad
+        norm writes FATAL and raises FloatingPointError: never train on after a NaN."""
+        step, now = int(step), time.time()
+        loss, grad_norm = self._num(loss), self._num(grad_norm)
+        for name, value in (("loss", loss), ("grad_norm", grad_norm)):
+            if isinstance(value, float) and not math.isfinite(value):
+                reason = f"non-finite {name} {value} at step {step}"
+                self.fatal(step, reason)
+                raise FloatingPointError(reason + ": lower the learning rate or check the inputs")
+        rank_sps = None
+        if self.batch_size and self._mark and step > self._mark[0] and now > self._mark[1]:
+            rank_sps = round((step - self._mark[0]) * self.batch_size / (now - self._mark[1]), 3)
+        if sps is None and rank_sps is not None:
+            sps = round(rank_sps * self.world_size, 3)
+        self._mark, self.last_step = (step, now), step
+        t = round(now - self.t0, 3)
+        self._append(self._rank_fd, {"rank": self.rank, "local_rank": self.local_rank,
+                                     "host": socket.gethostname(), "pid": os.getpid(),
+                                     "step": step, "t": t, "time": round(now, 3), "sps": rank_sps})
+        extra = {k: self._num(v) for k, v in extra.items()}
+        self._write({"step": step, "t": t, "loss": loss, "lr": self._num(lr),
+                     "grad_norm": grad_norm, "sps": self._num(sps), **extra})
+
+    def eval(self, step, **metrics):
+        """Any eval metrics: keys get an "eval_" prefix when they lack it (loss -> eval_loss)."""
+        rec = {"step": int(step), "t": round(time.time() - self.t0, 3)}
+        for k, v in metrics.items():
+            rec[k if k.startswith("eval_") else "eval_" + k] = self._num(v)
+        self._write(rec)
+        self._mark = (int(step), time.time())  # eval time is not training throughput
+
+    def expect(self, seconds, why):
+        """Announce a long silence (an eval, a checkpoint save) so that it is not a stall."""
+        self._write({"event": "expect", "t": round(time.time() - self.t0, 3),
+                     "seconds": float(seconds), "why": str(why)})
+
+    def fatal(self, step, reason):
+        """Write a FATAL record (rank 0: metrics.jsonl; other ranks: their rank file)."""
+        rec = {"step": int(step) if step is not None else self.last_step,
+               "t": round(time.time() - self.t0, 3), "FATAL": str(reason)}
+        if self.rank == 0:
+            self._write(rec)
+        else:
+            self._append(self._rank_fd, dict(rec, rank=self.rank, pid=os.getpid()))
+        self._fatal = True
+
+    def done(self, **final):
+        """Write the completion sentinel atomically (rank 0), carrying this run's run_id."""
+        if self.rank == 0:
+            data = {"run_id": self.run_id, "attempt": self.attempt, "step": self.last_step}
+            data.update({k: self._num(v) for k, v in final.items()})
+            fd, tmp = tempfile.mkstemp(prefix=".final.", dir=self.run_dir)
+            with os.fdopen(fd, "w") as f:
+                json.dump(data, f, indent=1)
+            os.replace(tmp, self.sentinel_path)
+        self.close()
+
+    def close(self):
+        for fd in (self._fd, self._rank_fd):
+            if fd is not None:
+                os.close(fd)
+        self._fd = self._rank_fd = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None and not self._fatal and self._rank_fd is not None:
+            last = traceback.format_exception_only(exc_type, exc)[-1].strip()
+            self.fatal(self.last_step, last)
+        self.close()
+        return False  # re-raise
+
+    # -- plumbing
+    @staticmethod
+    def _open(path):
+        return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def _write(self, rec):
+        if self._fd is not None:
+            self._append(self._fd, rec)
+
+    def _count_starts(self):
+        n = 0
+        try:
+            with open(self.metrics_path, "rb") as f:
+                for line in f:
+                    if b'"start"' in line:
+                        try:
+                            n += json.loads(line).get("event") == "start"
+                        except (ValueError, AttributeError):
+                            pass
+        except FileNotFoundError:
+            pass
+        return n
+
+    @staticmethod
+    def _num(v):
+        """A plain float for anything float() accepts (tensors, numpy); other values unchanged."""
+        if v is None or isinstance(v, (bool, int, float, str)):
+            return v
+        try:
+            return float(v)
+        except (TypeError, ValueError, RuntimeError):
+            return v
+
+    @staticmethod
+    def _append(fd, rec):
+        if fd is not None:
+            os.write(fd, (json.dumps(rec, default=str) + "\n").encode())  # one write per line
 # --- telemetry: end ---
 
 

@@ -78,13 +78,19 @@ def test_a_truncated_or_replaced_file_is_read_again(tmp_path):
     assert files.poll()[0].step == 8
 
 
-def test_a_huge_append_is_read_bounded(tmp_path, monkeypatch):
+def test_a_long_file_and_a_huge_append_are_read_bounded(tmp_path, monkeypatch):
+    monkeypatch.setattr(R, "FIRST_READ", 2048)
     monkeypatch.setattr(R, "MAX_READ", 4096)
     write(tmp_path, 0, "".join(beat(0, s, T0 + s) for s in range(1, 2001)))
     files = RankFiles(tmp_path)
     s = files.poll()[0]
-    assert s.step == 2000 and s.records < 40            # only the last 4 KiB were parsed
-    assert files.skipped == 0                           # the cut first line is dropped, not garbage
+    assert s.step == 2000 and 5 < s.records < 20        # attached: only the last 2 KiB were parsed
+    write(tmp_path, 0, "".join(beat(0, s, T0 + s) for s in range(2001, 4001)))
+    s = files.poll()[0]
+    assert s.step == 4000 and s.records < 60            # then at most 4 KiB per poll
+    assert files.skipped == 0                           # the cut first lines are dropped, not garbage
+    write(tmp_path, 0, beat(0, 4001, T0 + 4001))
+    assert files.poll()[0].step == 4001                 # and it goes on from there
 
 
 def test_fatal_line_of_a_rank(tmp_path):

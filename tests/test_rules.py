@@ -197,3 +197,10 @@ def test_every_threshold_is_documented():
                                    {"max_stall": 1e400}])
 def test_thresholds_from_a_bad_watchdog_json_take_defaults(saved):
     assert Thresholds.from_dict(saved) == Thresholds()
+
+
+def test_thresholds_reference_is_generated_from_the_dataclass():
+    from pathlib import Path
+    from supervise.rules import thresholds_markdown
+    text = (Path(__file__).resolve().parents[1] / "references" / "thresholds.md").read_text()
+    assert text == thresholds_markdown(), "regenerate references/thresholds.md (command in its header)"

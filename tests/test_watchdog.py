@@ -69,6 +69,8 @@ CASES = [
     Case("single_loss_spike", ("--records", 40, "--loss-from", 300, "--loss-until", 300, "--loss-value", 5.0)),
     Case("lm_at_chance", ("--records", 60, "--task", "lm", "--vocab-size", 1000, "--loss", 6.9, *ALIVE),
          kind="chance_loss", step=400),
+    Case("learned_stall", ("--records", 40, "--hang-at", 300), ("--max-stall", 300, "--min-stall", 1),
+         kind="stall", step=290),  # 5 x the longest gap, long before max-stall
     Case("announced_pause", ("--records", 30, "--expect-at", 100, "--pause", 3), ("--max-stall", 1.5)),
     Case("timeout", ("--records", 1000, *ALIVE), ("--hard-timeout", 1.5), kind="timeout"),
 ]
