@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import stat
 import tempfile
 import time
@@ -340,8 +339,31 @@ def read_json(path: str | os.PathLike, limit: int = 1 << 20):
 
 
 # Lines worth parsing in the part of a long file that a re-attaching reader skips: whatever
-# can hold a first hit (non-finite values, FATAL, evals, start/expect events).
-_NOTABLE = re.compile(rb'NaN|Infinity|null|FATAL|"eval_|"event"')
+# can hold a first hit (non-finite values, FATAL, evals, start/expect events). Searched with
+# bytes.find (memmem speed), not a regex alternation.
+_NOTABLE = (b"NaN", b"Infinity", b"null", b"FATAL", b'"eval_', b'"event"')
+
+
+# Every byte of a plain step record (the contract's keys, numbers, punctuation). A chunk made of
+# these alone holds no notable token (each has a byte outside: N, I, F, the u of null, the v of
+# eval/event), so one translate pass skips it without six searches.
+_PLAIN = b'{}[]"0123456789.,:-+eE \t\r\n' + b"steplossrgadnum_"
+
+
+def _notable_lines(data: bytes) -> list:
+    """(start, end) of every line in ``data`` holding a notable token, in file order."""
+    if not data.translate(None, _PLAIN):
+        return []
+    hits = set()
+    for token in _NOTABLE:
+        i = data.find(token)
+        while i >= 0:
+            lo = data.rfind(b"\n", 0, i) + 1
+            hi = data.find(b"\n", i)
+            hi = len(data) if hi < 0 else hi + 1
+            hits.add((lo, hi))
+            i = data.find(token, hi)
+    return sorted(hits)
 
 
 @dataclass
@@ -362,8 +384,8 @@ class TailReader:
     chunk: int = 4 << 20
     max_line: int = 1 << 20
     catchup: int = 8 << 20
-    head: int = 1 << 20
-    tail: int = 2 << 20
+    head: int = 64 << 10
+    tail: int = 256 << 10
     offset: int = 0
     lines: int = 0
     bad_lines: int = 0
@@ -470,13 +492,8 @@ class TailReader:
             if cut == 0:
                 break
             data = data[:cut]
-            last = -1
-            for m in _NOTABLE.finditer(data):
-                if m.start() <= last:
-                    continue
-                lo = data.rfind(b"\n", 0, m.start()) + 1
-                last = data.find(b"\n", m.start())
-                yield from self._split(data[lo:last + 1])
+            for lo, hi in _notable_lines(data):
+                yield from self._split(data[lo:hi])
             self.bytes_read += cut
             self.skipped_bytes += cut
             pos += cut

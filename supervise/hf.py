@@ -18,6 +18,9 @@ from transformers import TrainerCallback
 
 from supervise.telemetry import Telemetry
 
+OVERRIDES = {"task", "num_labels", "vocab_size", "total_steps", "batch_size", "world_size", "rank", "attempt",
+             "resume"}
+
 
 def model_task(model) -> dict:
     """task / num_labels / vocab_size from a model's class and config (PEFT wrappers too)."""
@@ -48,6 +51,9 @@ class TelemetryCallback(TrainerCallback):
     """
 
     def __init__(self, run_dir, *, every: int = 10, **overrides):
+        unknown = set(overrides) - OVERRIDES
+        if unknown:
+            raise TypeError(f"TelemetryCallback got unknown arguments {sorted(unknown)}; it takes {sorted(OVERRIDES)}")
         self.run_dir, self.every, self.overrides = str(run_dir), max(int(every), 1), overrides
         self.tm: Telemetry | None = None
         self._hook = None

@@ -22,6 +22,9 @@ except ImportError:  # the older package name
 
 from supervise.telemetry import Telemetry
 
+OVERRIDES = {"task", "num_labels", "vocab_size", "total_steps", "batch_size", "world_size", "rank", "attempt",
+             "resume"}
+
 VAL_PREFIXES = ("validation_", "validation/", "valid_", "valid/", "val_", "val/", "eval_", "eval/")
 
 
@@ -38,6 +41,9 @@ class TelemetryCallback(pl.Callback):
     total_steps, batch_size, world_size, rank, attempt, resume). task defaults to "other"."""
 
     def __init__(self, run_dir, *, every: int = 10, **overrides):
+        unknown = set(overrides) - OVERRIDES
+        if unknown:
+            raise TypeError(f"TelemetryCallback got unknown arguments {sorted(unknown)}; it takes {sorted(OVERRIDES)}")
         self.run_dir, self.every, self.overrides = str(run_dir), max(int(every), 1), overrides
         self.tm: Telemetry | None = None
         self._losses: list = []

@@ -96,11 +96,14 @@ class RankFiles:
         self.state: dict[int, RankState] = {}
         self.skipped = 0      # garbage lines seen so far
 
-    def poll(self) -> dict[int, RankState]:
+    def poll(self, since: Optional[float] = None) -> dict[int, RankState]:
+        """Read what was appended; the ranks that have written. ``since`` (wall clock, the
+        current attempt's start record "time"): leave out ranks silent since before it, the
+        files of an earlier launch (another world size, a rank that no longer exists)."""
         try:
             entries = list(os.scandir(self.dir))
         except OSError:
-            return {r: s for r, s in self.state.items() if s.records or s.fatal}
+            entries = []
         for e in entries:
             name = e.name
             if not (name.startswith("rank-") and name.endswith(".jsonl")):
@@ -109,7 +112,8 @@ class RankFiles:
             if not num.isdigit():
                 continue
             self._read(int(num), e.path)
-        return {r: s for r, s in self.state.items() if s.records or s.fatal}
+        return {r: s for r, s in self.state.items() if (s.records or s.fatal)
+                and (since is None or (s.last_seen or 0.0) >= since)}
 
     def _read(self, rank: int, path: str):
         try:
@@ -181,8 +185,12 @@ class RankFiles:
             step = int(step) if isinstance(step, float) and step == step and abs(step) < 1e18 else None
         if step is None:
             return
+        pid = rec.get("pid")
         if "FATAL" not in rec:
             s.records += 1
+            if isinstance(pid, int) and s.pid is not None and pid != s.pid:
+                s.fatal = None       # a relaunched rank: the old process's FATAL and sps are history
+                s.history.clear()
         s.step = step
         host = rec.get("host")
         if isinstance(host, str):

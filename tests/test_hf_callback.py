@@ -123,3 +123,8 @@ def test_a_resumed_trainer_is_attempt_two_in_the_same_file(tmp_path):
     assert [s["attempt"] for s in starts] == [1, 2] and starts[0]["run_id"] != starts[1]["run_id"]
     assert [r["step"] for r in records(run) if "loss" in r] == [10, 20, 30]
     assert json.loads((run / "final_val_metrics.json").read_text())["run_id"] == starts[1]["run_id"]
+
+
+def test_a_misspelt_argument_fails_at_construction_not_mid_run(tmp_path):
+    with pytest.raises(TypeError, match=r"unknown arguments \['num_label'\]"):
+        TelemetryCallback(tmp_path, num_label=2)

@@ -29,3 +29,13 @@ def test_lightning_run_under_the_watchdog(fault, tmp_path):
 def test_lightning_integration_is_two_lines():
     lines = supervised_lines(USER_SCRIPTS / SCRIPT)
     assert len(lines) == 2, lines
+
+
+@pytest.mark.parametrize("key, name", [
+    ("val_loss", "loss"), ("val/loss", "loss"), ("val/acc/top1", "acc_top1"), ("validation_auroc", "auroc"),
+    ("eval_perplexity", "perplexity"), ("train_loss", None), ("loss", None), ("interval", None),
+])
+def test_validation_metric_names(key, name):
+    from supervise.lightning import eval_name
+
+    assert eval_name(key) == name

@@ -1,6 +1,5 @@
 """Log knowledge on real torchrun output (tests/data/, recorded from tests/ddp_loop.py):
 the first failing rank's root cause, never the banner or the other ranks' fallout."""
-import json
 import os
 import subprocess
 from pathlib import Path

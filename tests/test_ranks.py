@@ -234,3 +234,26 @@ def test_rank_dead_names_the_root_cause_rank_when_all_are_gone(tmp_path):
     assert rank_dead(ranks, gone).message.startswith("ANOMALY dead: rank 0 (pid 4200 on node-a) = gone != alive (and rank 1)")
     cause = root_cause(open(os.path.join(os.path.dirname(__file__), "data", "torchrun_sigkill.log")).read().splitlines())
     assert rank_dead(ranks, gone, cause).message.startswith("ANOMALY dead: rank 1 (pid 4201 on node-a) = gone != alive (and rank 0)")
+
+
+def test_files_of_an_earlier_launch_are_left_out(tmp_path):
+    """A relaunch with world size 2 into a folder where a 4-rank run wrote: ranks 2 and 3 are
+    history, not silent ranks of this run."""
+    for r in range(4):
+        write(tmp_path, r, beat(r, 500, NOW - 3000))
+    for r in range(2):
+        write(tmp_path, r, beat(r, 10, NOW - 1, pid=9000 + r))
+    files = RankFiles(tmp_path)
+    assert rank_hang(files.poll(), NOW, {}, stall_s=30).message.startswith("ANOMALY rank_hang: rank 2 ")
+    ranks = files.poll(since=NOW - 60)
+    assert sorted(ranks) == [0, 1] and ranks[1].pid == 9001
+    assert rank_hang(ranks, NOW, {}, stall_s=30) is None
+
+
+def test_a_relaunched_rank_forgets_its_old_fatal(tmp_path):
+    write(tmp_path, 1, beat(1, 10, T0 + 1) + json.dumps({"step": 12, "FATAL": "old", "rank": 1, "pid": 4201}) + "\n")
+    files = RankFiles(tmp_path)
+    assert files.poll()[1].fatal == "old"
+    write(tmp_path, 1, beat(1, 2, T0 + 50, pid=5555))
+    s = files.poll()[1]
+    assert (s.fatal, s.pid, s.step, list(s.history)) == (None, 5555, 2, [(T0 + 50, 10.0)])
