@@ -15,6 +15,7 @@ from .contract import LOG, METRICS, SENTINEL, WATCHDOG_STATE, is_finite, is_numb
     read_json, sanitize, tail_lines
 from .logs import last_error, log_tail, oom_line
 from .probes import Nvml, disk_free, process
+from .ranks import rank_lines
 from .rules import Thresholds
 from .watch import WatchState, assess
 
@@ -104,7 +105,7 @@ def gather(run_dir: Path, k: int = 5, now: Optional[float] = None, gpu=None) -> 
         mtime = None
     wd = WatchState.from_json(read_json(run_dir / WATCHDOG_STATE))
     th = Thresholds.from_dict(wd.thresholds if wd else None)
-    w = assess(run_dir, th, gpu=gpu)
+    w = assess(run_dir, th, gpu=gpu, slurm_job=wd.slurm_job if wd else None)
     verdict, message = _verdict(w, wd)
     recs = _records(metrics) if mtime is not None else []
     start = w.start or None
@@ -149,6 +150,9 @@ def gather(run_dir: Path, k: int = 5, now: Optional[float] = None, gpu=None) -> 
             "bad_lines": wd.records.get("bad_lines") if is_number(wd.records.get("bad_lines")) else None},
         "process": None if proc is None else {"pid": proc.pid, "state": proc.state, "cpu_percent": proc.cpu_percent,
                                               "rss_mb": proc.rss / 2**20 if proc.rss else None},
+        "ranks": rank_lines(w.ranks, now, w.rank_procs) if len(w.ranks) > 1 else [],
+        "slurm": None if w.slurm is None else (w.slurm.error or f"job {w.slurm.job_id} {w.slurm.state}"
+                                               + (f" on {w.slurm.nodes}" if w.slurm.nodes else "")),
         "gpu": _gpu_lines(gpu),
         "disk_free_gb": (lambda d: d[0] / 1e9 if d else None)(disk_free(str(run_dir / "checkpoints"))),
         "last_error": err,
@@ -196,6 +200,9 @@ def render(f: dict, limit: int = LIMIT) -> str:
     body.append("watchdog: none (launch scripts/watchdog.py RUN_DIR beside the run)" if w is None else
                 f"watchdog: {'alive' if w['alive'] else 'not running'}, {w['state']}, last poll "
                 f"{_age(w['last_poll_age_s'])} ago, bad lines {w['bad_lines']}")
+    body += f.get("ranks") or []
+    if f.get("slurm"):
+        body.append(f"slurm: {f['slurm'][:200]}")
     p = f["process"]
     if p:
         cpu = f", cpu {p['cpu_percent']:.0f}%" if p["cpu_percent"] is not None else ""
@@ -257,7 +264,7 @@ def bounded_json(facts: dict, limit: int = LIMIT) -> str:
     then the least important lists shortened, then fields dropped from the end."""
     facts = {k: (v[:300] if isinstance(v, str) else v) for k, v in facts.items()}
     text = json.dumps(facts, default=str)
-    for name in ("steps", "gpu", "auroc_trend", "warnings"):
+    for name in ("steps", "ranks", "gpu", "auroc_trend", "warnings"):
         while len(text) > limit and isinstance(facts.get(name), list) and facts[name]:
             facts[name] = facts[name][1:]
             text = json.dumps(facts, default=str)

@@ -111,7 +111,7 @@ def validate_record(rec, require: tuple[str, ...] = ()) -> list[str]:
         if name not in rec:
             if not optional:
                 problems.append(f"{kind} record lacks field '{name}'")
-        elif not _type_ok(rec[name], want, name) and not (kind == "eval" and rec[name] is None):
+        elif not _type_ok(rec[name], want, name) and not ((kind == "eval" or optional) and rec[name] is None):
             problems.append(f"{kind} field '{name}' = {rec[name]!r} is not a {want}")
     for name in require if kind == "step" else ():
         if name in rec and rec[name] is None:

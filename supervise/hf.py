@@ -57,8 +57,8 @@ class TelemetryCallback(TrainerCallback):
         self.run_dir, self.every, self.overrides = str(run_dir), max(int(every), 1), overrides
         self.tm: Telemetry | None = None
         self._hook = None
-        self._losses: list = []  # raw micro-batch losses (tensors) since the last record
-        self._step_losses: list = []  # those of the current optimizer step
+        self._losses: list = []  # raw per-step losses (floats) since the last step record
+        self._step_losses: list = []  # the current optimizer step's micro-batch losses (tensors)
         self._final: dict = {}
         self._eval_seconds = 0.0
 
@@ -67,8 +67,9 @@ class TelemetryCallback(TrainerCallback):
         fields = dict(model_task(model) if model is not None else {"task": "other"},
                       total_steps=state.max_steps,
                       batch_size=args.per_device_train_batch_size * args.gradient_accumulation_steps,
-                      world_size=args.world_size, rank=args.process_index,
                       resume=state.global_step > 0)
+        if args.world_size > 1:  # else torchrun's variables: processes the Trainer did not join still get a rank
+            fields.update(world_size=args.world_size, rank=args.process_index)
         fields.update(self.overrides)
         self.tm = Telemetry(self.run_dir, **fields)
         if model is not None and self._hook is None:

@@ -46,7 +46,8 @@ def log_tail(path, n: int = 200, max_bytes: int = 256 << 10) -> list[str]:
 
 
 OOM_MARKERS = ("out of memory", "outofmemoryerror", "memoryerror", "std::bad_alloc",
-               "can't allocate memory", "cannot allocate memory", "oom-kill", "cublas_status_alloc_failed")
+               "can't allocate memory", "cannot allocate memory", "oom-kill", "cublas_status_alloc_failed",
+               "exceeded job memory limit", "exceeded memory limit")  # the last two: slurmstepd's
 
 
 def oom_line(lines) -> Optional[str]:
@@ -108,13 +109,11 @@ def _stream_tracebacks(stream: list[tuple[int, str]]) -> list[tuple[int, str]]:
             if BANNER.match(ln):
                 break  # torchrun's failure report starts here
             if ln.strip():
-                body = (i, ln.strip())
                 if not ln.startswith((" ", "\t")):
+                    if last is not None:
+                        break  # the first unindented line after the exception line: other output
                     last = (i, ln.strip())
-                    # the exception line ends the traceback unless indented lines continue it
-                    if j + 1 < n and not stream[j + 1][1].startswith((" ", "\t")):
-                        j += 1
-                        break
+                body = (i, ln.strip())
             j += 1
         if last or body:
             out.append(last or body)
@@ -178,7 +177,10 @@ class RootCause:
             msg = killed or KILLED_NOT_OOM
         elif not msg and self.signal:
             msg = f"killed by {self.signal}"
-        return f"{head}{code}{sig}: {msg}" if msg else f"{head}{code}{sig}"
+        text = f"{head}{code}{sig}: {msg}" if msg else f"{head}{code}{sig}"
+        if self.fallout:
+            text += " (itself fallout: another rank hung or died first; the rank heartbeats name it)"
+        return text
 
 
 def _read_error_file(path) -> Optional[str]:

@@ -11,13 +11,14 @@ Standard library only: this is on the hot path.
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from collections import deque
 from dataclasses import dataclass, field, fields
 from typing import Optional
 
 from .contract import is_finite, is_number, kind_of
-from .logs import last_error, oom_line  # noqa: F401  (log knowledge lives in logs.py)
+from .logs import is_fallout, last_error, oom_line  # (log knowledge lives in logs.py)
 
 # Every kind, most specific first: when several hold in one poll the first one is reported.
 KINDS = ("blind", "nan", "fatal", "oom", "crash", "node_fail", "preempted", "dead", "rank_hang",
@@ -212,10 +213,23 @@ class RecordRule:
         raise NotImplementedError
 
 
+_NONFINITE = re.compile(r"non-finite|\bnan\b|\binf(inity)?\b", re.I)
+
+
 class Nan(RecordRule):
+    """A non-finite loss or grad norm in a step record, or a FATAL that says so (the writers
+    raise on the first NaN and write only the FATAL)."""
     kind = "nan"
+    on = ("step", "fatal")
 
     def update(self, rec):
+        if "FATAL" in rec:
+            if not _NONFINITE.search(rec["FATAL"]):
+                return None
+            step = rec.get("step") if rec.get("step") is not None else self.run.last_step
+            return anomaly("nan", f"FATAL = {rec['FATAL'][:160]!r} says a value is not finite", step,
+                           "Abort: lower the learning rate, check the inputs for NaN/Inf and keep "
+                           "gradient clipping on, then restart from the last good checkpoint")
         for name in ("loss", "grad_norm"):
             if name in rec and not is_finite(rec[name]):
                 v = rec[name]
@@ -230,6 +244,8 @@ class Fatal(RecordRule):
     on = ("fatal",)
 
     def update(self, rec):
+        if is_fallout(rec["FATAL"]):
+            return None  # a peer died first ("connection reset"): its root cause follows from the log
         step = rec.get("step")
         return anomaly("fatal", f"FATAL = {rec['FATAL'][:200]!r} written",
                        step if step is not None else self.run.last_step,

@@ -33,6 +33,8 @@ TIMEOUT_S = 10.0
 SQUEUE_FORMAT = "JobID:|,State:|,Reason:|,NodeList:|,STDOUT:|,Name:|"
 SACCT_FORMAT = "JobID,JobName,State,ExitCode,Reason,NodeList,WorkDir"
 
+OOM_FIX = ("The job exceeded its memory: ask for more (--mem / --mem-per-gpu) or halve the per-device "
+           "batch size, then resubmit with --resume from the last checkpoint")
 RUNNING = ("RUNNING", "COMPLETING", "STAGE_OUT")
 WAITING = ("PENDING", "CONFIGURING", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SUSPENDED",
            "RESIZING", "SIGNALING", "STOPPED")
@@ -157,6 +159,7 @@ def parse_sacct(text: str, job_id: str) -> Optional[dict]:
     if row is None:
         return None
     jid, name, state, code, reason, nodes, workdir = (row + [""] * 7)[:7]
+    nodes = "" if nodes == "None assigned" else nodes   # cancelled before it ran
     return {"job_id": jid, "name": name, "state": state, "exit": code, "reason": reason,
             "nodes": nodes, "workdir": workdir}
 
@@ -237,9 +240,7 @@ def slurm_anomaly(job: SlurmJob, sentinel_present: bool, step: int,
     on = f" on {job.nodes}" if job.nodes else ""
     code = f" exit code {job.exit_code}" + (f" signal {job.signal}" if job.signal else "") if job.exit_code is not None else ""
     if st == "OUT_OF_MEMORY":
-        return anomaly("oom", f"slurm job {jid} state = OUT_OF_MEMORY{on}", step,
-                       "The job exceeded its memory: ask for more (--mem / --mem-per-gpu) or halve the "
-                       "per-device batch size, then resubmit with --resume from the last checkpoint")
+        return anomaly("oom", f"slurm job {jid} state = OUT_OF_MEMORY{on}", step, OOM_FIX)
     if st in ("NODE_FAIL", "BOOT_FAIL"):
         return anomaly("node_fail", f"slurm job {jid} state = {st}{on}", step,
                        f"A node failed, not the code: resubmit excluding it (sbatch --exclude={job.nodes or 'NODE'} "
@@ -255,16 +256,21 @@ def slurm_anomaly(job: SlurmJob, sentinel_present: bool, step: int,
                        (f"A higher-priority job took the nodes: requeue it with scontrol requeue {jid} "
                         f"(or {job.sbatch_line()}) and resume from the last checkpoint"))
     if st in ("FAILED", "SPECIAL_EXIT"):
-        lines = list(log_lines) if log_lines is not None else (log_tail(job.stdout) if job.stdout else [])
+        readable = bool(job.stdout) and os.path.isfile(job.stdout)   # a regular file: never block on a FIFO
+        lines = list(log_lines) if log_lines is not None else (log_tail(job.stdout) if readable else [])
         cause = root_cause(lines)
         err = cause.summary() if cause else (oom_line(lines) or last_error(lines))
         kind = "oom" if (cause and cause.message and oom_line([cause.message])) or (not cause and oom_line(lines)) else "crash"
         where = f" in {job.stdout}" if job.stdout else ""
         what = f"slurm job {jid} state = FAILED{code}{on}"
         what += f": {err[:240]!r}{where}" if err else f" (no traceback{where})"
-        return anomaly(kind, what, step, "Fix that error, then resubmit with --resume from the last checkpoint"
-                       if err else f"Read the job's output ({job.stdout or 'slurm-' + jid + '.out'}), fix the "
-                       "error, then resubmit")
+        if kind == "oom":
+            fix = OOM_FIX
+        elif err:
+            fix = "Fix that error, then resubmit with --resume from the last checkpoint"
+        else:
+            fix = f"Read the job's output ({job.stdout or 'slurm-' + jid + '.out'}), fix the error, then resubmit"
+        return anomaly(kind, what, step, fix)
     if st == "COMPLETED":
         return anomaly("dead", f"slurm job {jid} state = COMPLETED{code} without final_val_metrics.json", step,
                        "The batch script ended without the trainer writing its sentinel: read the job's "

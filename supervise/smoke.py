@@ -221,9 +221,89 @@ def run_command(run_dir: Path, command: list[str], timeout: float) -> Row:
     return Row("command", True, f"exit 0 after {took:.0f}s")
 
 
+def _saved(run_dir: Path) -> list[Path]:
+    """Complete checkpoints only: what a save writes under a temporary (dot) name is not one yet."""
+    return [c for c in _checkpoints(run_dir) if not any(x.startswith(".") for x in c.relative_to(run_dir).parts)]
+
+
+def _saved_step(ck: Path, evals) -> Optional[int]:
+    """The step a checkpoint holds: checkpoint-N / step-N in its name, else its "step" (torch),
+    else the last eval's step (checkpoints follow evals)."""
+    import re
+    m = re.search(r"(\d+)$", ck.name if ck.is_dir() else ck.stem)
+    if m:
+        return int(m.group(1))
+    try:
+        import torch
+        step = torch.load(ck, map_location="cpu", weights_only=False).get("step")
+        if is_finite(step):
+            return int(step)
+    except Exception:
+        pass
+    return int(evals[-1]["step"]) if evals else None
+
+
+def run_resumed(run_dir: Path, command: list[str], timeout: float) -> list[Row]:
+    """The command SIGKILLed once its first checkpoint is saved, then the command with --resume
+    run to the end: rows 'command' (the resumed run) and 'resume' (it continued from the
+    checkpoint's step: its first step record lies within one logging interval after it)."""
+    import signal
+    log_path = run_dir / LOG
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        log = None if why_unreadable(log_path) else open(log_path, "ab")
+    except OSError:
+        log = None
+    if log is None:
+        return [run_command(run_dir, command, timeout)]  # it says what is wrong with the log
+    print(f"smoke: running {shlex.join(command)} >> {log_path} 2>&1 until its first checkpoint", file=sys.stderr,
+          flush=True)
+    t0, saved, killed = time.time(), [], False
+    with log:
+        try:
+            p = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                 env={**os.environ, "PYTHONUNBUFFERED": "1", **QUIET})
+        except OSError:
+            return [run_command(run_dir, command, timeout)]  # it says why the command cannot run
+        try:
+            while p.poll() is None and time.time() - t0 < timeout and not saved:
+                time.sleep(0.2)
+                saved = _saved(run_dir)
+        finally:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                killed = True
+            p.wait()
+    took = time.time() - t0
+    if not killed or not saved:
+        if not killed:
+            from .logs import log_tail
+            from .rules import last_error
+            err = "" if p.returncode == 0 else ": " + (last_error(log_tail(log_path)) or f"exit {p.returncode}")[:200]
+            ran = Row("command", p.returncode == 0, f"exit {p.returncode} after {took:.0f}s{err}")
+        else:
+            ran = Row("command", False, f"still running after {timeout:.0f}s: a smoke run should take minutes")
+        if saved:
+            return [ran, Row("resume", None, "the run ended before it could be killed after its first checkpoint")]
+        return [ran, Row("resume", False, "no checkpoint was saved before the run ended: nothing to resume from")]
+    start0, steps0, evals0 = _records(run_dir)
+    ckpt_step = _saved_step(saved[-1], evals0)
+    gap = steps0[1]["step"] - steps0[0]["step"] if len(steps0) > 1 else (steps0[0]["step"] if steps0 else 0)
+    rows = [run_command(run_dir, [*command, "--resume"], max(1.0, timeout - (time.time() - t0)))]
+    start, steps, _ = _records(run_dir)
+    where = f"killed after the checkpoint at step {ckpt_step}, then relaunched with --resume"
+    if start == start0 or not steps:
+        return rows + [Row("resume", False, f"{where}: no new attempt logged a step (does the script take --resume?)")]
+    first = steps[0]["step"]
+    ok = ckpt_step is not None and ckpt_step < first <= ckpt_step + max(gap, 1)
+    return rows + [Row("resume", ok, f"{where}: the new attempt's first step record is step {first}" +
+                       ("" if ok else f", not within {gap} steps after {ckpt_step}: the script does not continue "
+                        "from its last checkpoint"))]
+
+
 def smoke(run_dir: Path, command: list[str], script: Optional[Path], num_labels: Optional[int], margin: float,
           samples: Optional[int], epochs: float, window: Optional[float], timeout: float) -> list[Row]:
-    rows = [run_command(run_dir, command, timeout)] if command else []
+    rows = run_resumed(run_dir, command, timeout) if command else []
     script = script or (script_of(command) if command else None)
     rows.append(check_contract(run_dir))
     start, steps, evals = _records(run_dir) if (run_dir / METRICS).exists() else ({}, [], [])

@@ -17,12 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from . import ranks as rk
 from . import registry
+from . import slurm as sl
 from .cli import EXIT_ANOMALY, EXIT_OK, EXIT_USAGE, Parser, count, duration, fraction, positive_float, \
     positive_int, run_dir_arg
 from .contract import LOG, METRICS, SENTINEL, WATCHDOG_STATE, TailReader, atomic_write_json, is_finite, \
     is_number, read_json, why_unreadable
-from .logs import log_tail
+from .logs import cgroup_dir, is_fallout, kernel_oom_lines, killed_reason, log_tail, oom_kills, root_cause
 from .probes import GpuReport, Nvml, ProcessWatch, log_writers
 from .rules import Anomaly, Process, RecordRules, Thresholds, Window, evaluate, secs
 
@@ -66,6 +68,8 @@ class WatchState:
     pids: list = field(default_factory=list)
     gpu: object = None
     warnings: list = field(default_factory=list)
+    slurm_job: Optional[str] = None
+    slurm_state: Optional[str] = None
     thresholds: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
@@ -80,7 +84,7 @@ class WatchState:
         types = {"run_dir": str, "watchdog_pid": int, "started": float, "last_poll": float, "polls": int,
                  "poll_interval": float, "state": str, "kind": str, "message": str, "step": int,
                  "total_steps": int, "run_id": str, "attempt": int, "records": dict, "pids": list,
-                 "warnings": list, "thresholds": dict}
+                 "warnings": list, "thresholds": dict, "slurm_job": str, "slurm_state": str}
         out = cls()
         for name, kind in types.items():
             default = getattr(out, name)
@@ -98,7 +102,7 @@ class Watcher:
 
     def __init__(self, run_dir, thresholds: Thresholds = Thresholds(), pids=(), log=None,
                  sentinel: str = SENTINEL, gpu=None, num_labels_given: bool = False, clock=time.time,
-                 one_shot: bool = False):
+                 one_shot: bool = False, slurm_job: Optional[str] = None, slurm_runner=None):
         self.run_dir = Path(run_dir)
         self.th = thresholds
         self.explicit_pids = tuple(pids)
@@ -122,6 +126,15 @@ class Watcher:
         self.last_procs: list = []
         self.last_gpu: Optional[GpuReport] = None
         self.save_error = ""
+        self.rank_files = rk.RankFiles(self.run_dir)
+        self.ranks: dict = {}
+        self.rank_procs: dict = {}
+        self.cgroup = None               # the run's cgroup and its oom_kill count, read while it lives
+        self.oom_before: Optional[int] = None
+        self.slurm_job = slurm_job
+        self.slurm_runner = slurm_runner
+        self.slurm: Optional[sl.SlurmJob] = None
+        self.slurm_running_since: Optional[float] = None
         self.verdict = Verdict("watching")
 
     # -- the run's identity and processes ---------------------------------------------------
@@ -152,6 +165,9 @@ class Watcher:
         for pid, ppid in writers.items():
             if ppid not in writers and pid not in self.known:
                 self.known[pid] = "writes train.log"
+        if self.cgroup is None and self.known:
+            self.cgroup = cgroup_dir(next(iter(self.known)))
+            self.oom_before = oom_kills(self.cgroup)
 
     def _forget_stale(self) -> None:
         """A new attempt began (a new start record): the processes of the old one are history."""
@@ -231,6 +247,46 @@ class Watcher:
                 after, why = announced, f" (announced: {run.expect.get('why') or 'a pause'} of {secs(run.expect['seconds'])})"
         return after, why
 
+    def _follow_slurm(self, now: float) -> bool:
+        """Ask the scheduler (``--slurm-job``); True while the job waits (PENDING, requeued):
+        then no process is expected and the startup grace has not begun."""
+        if self.slurm_job is None:
+            return False
+        kw = {"runner": self.slurm_runner} if self.slurm_runner else {}
+        self.slurm = sl.query(self.slurm_job, **kw)
+        if self.slurm.running and self.slurm_running_since is None:
+            self.slurm_running_since = now
+        if self.slurm.waiting:
+            self.slurm_running_since = None
+        return self.slurm.waiting
+
+    def _rank_findings(self, now: float, stall_after: float, dead_log) -> dict:
+        """The per-rank heartbeats' findings this poll, by kind. ``dead_log``: the log tail once
+        every run process is gone, whose torchrun root cause names the first failing rank."""
+        self.ranks = self.rank_files.poll(since=self.start.get("time"))
+        self.rank_procs = {pid: self.procs.read(pid).state for pid in rk.local_pids(self.ranks)}
+        out: dict = {}
+
+        def put(found):
+            if found is not None:
+                out.setdefault(found.kind, found)
+
+        cause = root_cause(dead_log) if dead_log else None
+        if cause is not None:
+            pid = cause.pid
+            killed = killed_reason(pid, self.oom_before, oom_kills(self.cgroup),
+                                   kernel_oom_lines(pid) if cause.signal == "SIGKILL" else ())
+            put(rk.root_cause_anomaly(cause, self.run.last_step, killed.text, killed.oom))
+        if dead_log is not None:
+            put(rk.rank_dead(self.ranks, self.rank_procs, cause))
+        fatal = rk.rank_fatal(self.ranks)
+        if cause is None and fatal is not None and not any(is_fallout(s.fatal or "") for s in self.ranks.values()):
+            put(fatal)  # a peer's "connection reset" after another rank died is fallout, not the cause
+        if len(self.ranks) > 1:  # one process: the stall rule names a stopped pid
+            put(rk.rank_hang(self.ranks, now, self.rank_procs, stall_s=stall_after))
+        put(rk.straggler(self.ranks, now, window_s=self.th.throughput_window, ratio=self.th.straggler_ratio))
+        return out
+
     def poll(self) -> Verdict:
         self.polls += 1
         starts = self.rules.starts
@@ -246,11 +302,14 @@ class Watcher:
         if final is not None:
             return self._finish(self._done(final))
         procs = tuple(Process(p.pid, p.state, self.known.get(p.pid, "")) for p in infos)
+        waiting = self._follow_slurm(now)
+        if waiting:
+            procs = ()  # queued or requeued: no process is expected, none is dead
         alive = [p for p in procs if p.alive]
         gone = [p for p in procs if not p.alive]
         self.gone_since = (self.gone_since or now) if gone else None
         evidence = bool(self.run.n_steps or self.run.fatal) or self.log.exists()
-        orphan = not procs and evidence
+        orphan = not procs and evidence and self.slurm_job is None
         self.orphan_since = (self.orphan_since or now) if orphan else None
         try:
             mtime = os.stat(self.metrics).st_mtime
@@ -261,10 +320,18 @@ class Watcher:
         started = min([self.watch_started] + births) if not self.one_shot or births else now
         if self.start.get("time") and not births:
             started = min(started, self.start["time"])
+        if self.slurm_job is not None:
+            started = self.slurm_running_since or now  # the grace starts when the job runs
         stall_after, stall_why = self._stall_after()
         util = self._gpu(now, bool(alive), tuple(self.known))
         run = self.run
         died = bool(gone) or orphan
+        log = tuple(log_tail(self.log)) if died or (self.slurm and self.slurm.finished) else ()
+        extra = self._rank_findings(now, stall_after, log if died and not alive else None)
+        if self.slurm is not None and not waiting:
+            found = sl.slurm_anomaly(self.slurm, False, run.last_step)
+            if found is not None:
+                extra.setdefault(found.kind, found)
         blind = self.reader.error or why_unreadable(self.log)
         window = Window(
             now=now, started=started, watch_started=self.watch_started, last_step=run.last_step,
@@ -272,9 +339,9 @@ class Watcher:
             metrics_mtime=mtime, quiet_since=quiet, stall_after=stall_after, stall_why=stall_why,
             processes=procs, died_for=(now - self.gone_since) if gone and alive else 0.0,
             orphan_for=(now - self.orphan_since) if orphan else 0.0, orphan=orphan,
-            log_tail=tuple(log_tail(self.log)) if died else (), blind=blind,
+            log_tail=log, blind=blind,
             gpu_util=util, gpu_idle_for=(now - self.idle_since) if self.idle_since is not None else 0.0)
-        found = evaluate(window, self.th, self.rules.findings())
+        found = evaluate(window, self.th, self.rules.findings(), extra)
         if found is not None:
             return self._finish(Verdict("anomaly", found.message, found))
         self.verdict = Verdict("watching")
@@ -307,6 +374,7 @@ class Watcher:
             pids=[{"pid": p.pid, "state": p.state, "why": self.known.get(p.pid, "")} for p in self.last_procs],
             gpu=self.gpu_note or [g.line() for g in (self.last_gpu.gpus if self.last_gpu else [])],
             warnings=[w.message for w in self.rules.warnings()],
+            slurm_job=self.slurm_job, slurm_state=self.slurm.state if self.slurm else None,
             thresholds=dataclasses.asdict(self.th))
 
     def save(self) -> None:
@@ -322,11 +390,12 @@ class Watcher:
             self.save_error = str(e)
 
 
-def assess(run_dir, thresholds: Optional[Thresholds] = None, gpu=None, pids=()) -> Watcher:
+def assess(run_dir, thresholds: Optional[Thresholds] = None, gpu=None, pids=(),
+           slurm_job: Optional[str] = None) -> Watcher:
     """Check-in's verdict: the watchdog's engine, one poll over the run as it is now. The
     returned watcher holds the verdict (``.verdict``) and the facts it found."""
     th = dataclasses.replace(thresholds or Thresholds(), orphan_grace=0.0, rank_grace=0.0)
-    w = Watcher(run_dir, th, pids=pids, gpu=gpu, one_shot=True)
+    w = Watcher(run_dir, th, pids=pids, gpu=gpu, one_shot=True, slurm_job=slurm_job)
     w.poll()
     return w
 
@@ -413,6 +482,9 @@ def build_parser() -> Parser:
     p.add_argument("--pid", type=positive_int, action="append", default=[], metavar="PID",
                    help="a training process to watch (repeatable); default: found from the start record and train.log")
     p.add_argument("--log", metavar="PATH", help="the training log [default: RUN_DIR/train.log]")
+    p.add_argument("--slurm-job", metavar="ID", type=slurm_id,
+                   help="follow this Slurm job with squeue/sacct: PENDING is no stall, the scheduler's end "
+                        "states are verdicts (OUT_OF_MEMORY, NODE_FAIL, TIMEOUT, PREEMPTED, FAILED)")
     p.add_argument("--sentinel", default=SENTINEL, metavar="NAME", type=sentinel_name,
                    help=f"completion sentinel, a file name in RUN_DIR [default: {SENTINEL}]")
     for name, default, unit, doc, is_duration in Thresholds.describe():
@@ -425,6 +497,15 @@ def build_parser() -> Parser:
                        type=_threshold_type(name, default, is_duration),
                        help=f"{doc} (default: {_show(default, unit, is_duration)})".replace("%", "%%"))
     return p
+
+
+def slurm_id(text: str) -> str:
+    """A Slurm job id: digits, optionally an array task (123 or 123_4)."""
+    import argparse
+    import re
+    if not re.fullmatch(r"\d{1,12}(_\d{1,8})?", text or ""):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a Slurm job id; give the number sbatch printed (e.g. 4242)")
+    return text
 
 
 def sentinel_name(text: str) -> str:
@@ -461,7 +542,12 @@ def main(argv=None, gpu=None) -> int:
             print(f"watchdog.py: error: {why}; the watchdog would be blind: fix it (a readable regular file) "
                   "and start again", file=sys.stderr)
             return EXIT_USAGE
+    if args.slurm_job:
+        job = sl.query(args.slurm_job)
+        if job.error:
+            print(f"watchdog.py: error: {job.error}", file=sys.stderr)
+            return EXIT_USAGE
     watcher = Watcher(run_dir, th, pids=args.pid, log=log, sentinel=args.sentinel, gpu=gpu,
-                      num_labels_given="num_labels" in given)
+                      num_labels_given="num_labels" in given, slurm_job=args.slurm_job)
     registry.register(run_dir, os.getpid(), args.pid)
     return run(watcher)

@@ -262,8 +262,8 @@ def latest_checkpoint(ckpt_dir):
     return os.path.join(ckpt_dir, max(names, key=step_of)) if names else None
 
 
-def atomic_checkpoints(Trainer):
-    class AtomicTrainer(Trainer):
+def template_trainer(Trainer):
+    class TemplateTrainer(Trainer):
         """The Trainer's own checkpoints (model, optimizer, scheduler, scaler, RNG states, trainer
         state with the step and the data position), made atomic: checkpoint-N is written under
         .staging, moved to .ready-checkpoint-N once complete, the old ones other than the best are
@@ -271,6 +271,10 @@ def atomic_checkpoints(Trainer):
         checkpoint-N (the Trainer alone keeps best + last + the new one during each save), and a
         kill leaves no half-written checkpoint-N."""
 
+        # A classification loss is a mean per micro-batch: divide it by the accumulation steps.
+        # (The Trainer assumes a model taking **kwargs scales it itself, so with --grad-accum 2,
+        # as an OOM relaunch sets, the loss and the gradients would come out doubled.)
+        loss_is_scaled_for_ga = False
         staging = None
 
         def _get_output_dir(self, trial):
@@ -300,7 +304,7 @@ def atomic_checkpoints(Trainer):
                 tidy_checkpoints(real)
             self.accelerator.wait_for_everyone()
 
-    return AtomicTrainer
+    return TemplateTrainer
 
 
 # ----------------------------------------------------------------------------- telemetry (a verbatim copy of supervise/telemetry.py)
@@ -566,7 +570,7 @@ def main():
 
     with Telemetry(a.out, task="classification", num_labels=a.num_labels, total_steps=total,
                    batch_size=a.batch_size * a.grad_accum, world_size=world, resume=a.resume) as tel:
-        trainer = atomic_checkpoints(Trainer)(
+        trainer = template_trainer(Trainer)(
             model=model, args=args, train_dataset=train_set, eval_dataset=eval_set, processing_class=tokenizer,
             compute_metrics=compute_metrics, callbacks=[telemetry_callback(TrainerCallback, tel, per_step)])
         trainer.train(resume_from_checkpoint=found if a.resume else None)

@@ -39,6 +39,7 @@ def main():
     p.add_argument("--nan-at", type=int, default=None)
     p.add_argument("--null-grad-at", type=int, default=None)
     p.add_argument("--fatal-at", type=int, default=None)
+    p.add_argument("--fatal-reason", default="labels out of range: found 3 classes, expected 2")
     p.add_argument("--hang-at", type=int, default=None)
     p.add_argument("--exit-at", type=int, default=None)
     p.add_argument("--oom-at", type=int, default=None)
@@ -81,8 +82,8 @@ def main():
         if a.crash_at is not None and step >= a.crash_at:
             raise ValueError(f"bad batch at step {step}: expected 2 labels, found 3")
         if a.fatal_at is not None and step >= a.fatal_at:
-            w.fatal(step, "non-finite loss nan")
-            raise SystemExit(f"FloatingPointError: non-finite loss at step {step}")
+            w.fatal(step, a.fatal_reason)
+            raise SystemExit(f"ValueError: {a.fatal_reason} at step {step}")
         loss = a.loss if a.loss is not None else chance * (0.25 + 0.75 * max(0.0, 1 - i / 30))
         if a.loss_from is not None and a.loss_from <= step <= (a.loss_until or step):
             loss = a.loss_value

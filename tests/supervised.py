@@ -38,7 +38,9 @@ FAULTS = [
     Fault("healthy"),
     Fault("nan", ("--nan-at", "30"), kinds=("nan", "fatal")),
     Fault("sigkill", LONG, signal.SIGKILL, kinds=("dead", "crash")),
-    Fault("sigstop", LONG, signal.SIGSTOP, kinds=("stall",)),
+    # ENGINE: the watchdog names a suspended process `stall`, or `rank_hang` once it reads the per-rank
+    # heartbeat files (even for world_size 1); either catches the SIGSTOP, the kind is the engine's call.
+    Fault("sigstop", LONG, signal.SIGSTOP, kinds=("stall", "rank_hang")),
 ]
 
 
@@ -71,18 +73,22 @@ def wait_for(run: Path, pred, timeout: float, what: str) -> list[dict]:
     raise AssertionError(f"{what} never happened in {timeout}s; train.log tail:\n{log}")
 
 
-def launch(script: Path, run: Path, *args) -> subprocess.Popen:
-    """mkdir -p RUN && python -u SCRIPT --out RUN ARGS >> RUN/train.log 2>&1, through a shell."""
-    r = shlex.quote(str(run))
-    line = (f"mkdir -p {r} && {shlex.quote(sys.executable)} -u {shlex.quote(str(script))} --out {r} "
-            f"{' '.join(map(shlex.quote, args))} >> {r}/train.log 2>&1")
-    return subprocess.Popen(["bash", "-c", line], env=ENV, start_new_session=True)
+def launch(script: Path, run: Path, *args, env: str = "", runner: tuple = ()) -> subprocess.Popen:
+    """mkdir -p RUN && ENV python -u [RUNNER] SCRIPT --out RUN ARGS >> RUN/train.log 2>&1, through a
+    shell; RUNNER: e.g. ("-m", "torch.distributed.run", "--nproc_per_node", "2") for torchrun."""
+    q = shlex.quote
+    r = q(str(run))
+    line = (f"mkdir -p {r} && {env} {q(sys.executable)} -u {' '.join(map(q, runner))} {q(str(script))} "
+            f"--out {r} {' '.join(map(q, args))} >> {r}/train.log 2>&1")
+    return subprocess.Popen(["bash", "-c", line], env=ENV, start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
 
 
-def run_supervised(script_name: str, fault: Fault, tmp_path: Path):
-    """Launch the script and the watchdog, inject the fault; (watchdog rc, its stdout, records)."""
+def run_supervised(script_name: str, fault: Fault, tmp_path: Path, **how):
+    """Launch the script (``how``: launch's env and runner) and the watchdog, inject the fault;
+    (watchdog rc, its stdout, records)."""
     run = tmp_path / "run"
-    shell = launch(USER_SCRIPTS / script_name, run, *fault.args)
+    shell = launch(USER_SCRIPTS / script_name, run, *fault.args, **how)
     wd = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "watchdog.py"), str(run), *WATCH],
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
     pid = None

@@ -43,7 +43,7 @@ def kept_ids(path):
 def test_every_row_gets_its_reason(workers, tmp_path):
     src = corpus(tmp_path)
     before = src.read_bytes()
-    rc, out, err = run_script("audit.py", src, "--id-col", "id", "--workers", workers, "--out", tmp_path / "o")
+    rc, out, err = run_script("audit.py", src, "--id-col", "id", "--workers", workers, "--out", tmp_path / "o", timeout=300)
     assert rc == 0, err
     rejected = {r["id"]: r["reason"] for r in map(json.loads, (tmp_path / "o" / "rejected.jsonl").read_text().splitlines())}
     assert rejected == {i: reason for i, _, reason in ROWS if reason}
@@ -60,7 +60,7 @@ def test_normalized_variant_is_aligned_row_for_row(how, tmp_path):
         pytest.importorskip("black")
     rows = ROWS + [("black_breaks", "x = [1,\n  2,", "syntax_error")]
     rc, out, err = run_script("audit.py", corpus(tmp_path, rows, "csv"), "--id-col", "id", "--normalize", how,
-                              "--out", tmp_path / "o", "--workers", "2")
+                              "--out", tmp_path / "o", "--workers", "2", timeout=300)
     assert rc == 0, err
     raw = pd.read_csv(tmp_path / "o" / "raw.kept.csv", keep_default_na=False)
     norm = pd.read_csv(tmp_path / "o" / "normalized.kept.csv", keep_default_na=False)
@@ -72,7 +72,7 @@ def test_a_row_the_normalizer_fails_on_is_dropped_from_both(tmp_path):
     deep = "x = " + "-" * 800 + "1\n"  # ast.parse takes it; the ast.unparse round trip recurses too deep
     rows = [("ok", "x = 1\n", ""), ("deep", deep, "normalizer_error"), ("ok2", "y = 2\n", "")]
     rc, out, err = run_script("audit.py", corpus(tmp_path, rows), "--id-col", "id", "--normalize", "ast",
-                              "--out", tmp_path / "o", "--workers", "2")
+                              "--out", tmp_path / "o", "--workers", "2", timeout=300)
     assert rc == 0, err
     rejected = [json.loads(x) for x in (tmp_path / "o" / "rejected.jsonl").read_text().splitlines()]
     assert [(r["id"], r["reason"]) for r in rejected] == [("deep", "normalizer_error")]
@@ -86,7 +86,7 @@ def test_a_row_that_hangs_the_normalizer_times_out_alone(tmp_path):
     rows = [("ok", "x = 1\n", ""), ("huge", huge, "timeout"), ("ok2", "y = 2\n", "")]
     # black takes ~10 s on the huge row and ~1 ms on the others: a 1 s limit splits them on any machine
     rc, out, err = run_script("audit.py", corpus(tmp_path, rows), "--id-col", "id", "--normalize", "black",
-                              "--row-timeout", "1", "--out", tmp_path / "o", "--workers", "2")
+                              "--row-timeout", "1", "--out", tmp_path / "o", "--workers", "2", timeout=300)
     assert rc == 0, err
     rejected = {r["id"]: r["reason"] for r in map(json.loads, (tmp_path / "o" / "rejected.jsonl").read_text().splitlines())}
     assert rejected == {"huge": "timeout"}
@@ -101,7 +101,7 @@ def test_supplied_variant_with_verbatim_fallbacks(tmp_path):
                             "code": ["z = [1, 2]\n", "def f( a ):\n  return a\n", "y = 2\n", "x = (\n"]})
     variant.to_json(tmp_path / "norm.jsonl", orient="records", lines=True)
     rc, out, err = run_script("audit.py", src, "--id-col", "id", "--normalized", tmp_path / "norm.jsonl",
-                              "--normalize", "black", "--out", tmp_path / "o")
+                              "--normalize", "black", "--out", tmp_path / "o", timeout=300)
     assert rc == 0, err
     rejected = {r["id"]: r["reason"] for r in map(json.loads, (tmp_path / "o" / "rejected.jsonl").read_text().splitlines())}
     # c: the variant is the raw text though black would change it; b: raw is already black-clean
@@ -113,19 +113,19 @@ def test_supplied_variant_with_verbatim_fallbacks(tmp_path):
 def test_variant_with_other_ids_is_refused(tmp_path):
     src = corpus(tmp_path)
     pd.DataFrame({"id": ["ok_func"], "code": ["x"]}).to_json(tmp_path / "n.jsonl", orient="records", lines=True)
-    rc, _, err = run_script("audit.py", src, "--id-col", "id", "--normalized", tmp_path / "n.jsonl", "--out", tmp_path / "o")
+    rc, _, err = run_script("audit.py", src, "--id-col", "id", "--normalized", tmp_path / "n.jsonl", "--out", tmp_path / "o", timeout=300)
     assert rc == 2 and "must hold the same ids: 13 missing, 0 extra" in err
 
 
 def test_balance_keeps_the_label_column(tmp_path):
     rows = [(f"r{i}", f"x{i} = {i}\n", "") for i in range(40)]
     rc, out, err = run_script("audit.py", corpus(tmp_path, rows), "--id-col", "id", "--balance", "label",
-                              "--per-class", "7", "--out", tmp_path / "o", "--workers", "1")
+                              "--per-class", "7", "--out", tmp_path / "o", "--workers", "1", timeout=300)
     assert rc == 0, err
     kept = pd.read_json(tmp_path / "o" / "raw.kept.jsonl", lines=True)
     assert "label" in kept.columns and kept["label"].value_counts().to_dict() == {0: 7, 1: 7}
     rc, _, err = run_script("audit.py", corpus(tmp_path, rows), "--balance", "label", "--per-class", "50",
-                            "--out", tmp_path / "o2")
+                            "--out", tmp_path / "o2", timeout=300)
     assert rc == 2 and "fewer than --per-class 50" in err and "--allow-smaller" in err
 
 
@@ -140,6 +140,6 @@ def test_bad_input_is_one_line_exit_2(args, needle, tmp_path):
     (tmp_path / "bad.jsonl").write_text("{not json\n")
     (tmp_path / "x.txt").write_text("code\n")
     args = [a.format(src=src, dir=tmp_path, bad=tmp_path / "bad.jsonl") for a in args]
-    rc, out, err = run_script("audit.py", *args, "--out", tmp_path / "o")
+    rc, out, err = run_script("audit.py", *args, "--out", tmp_path / "o", timeout=300)
     assert rc == 2 and needle in err, err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err

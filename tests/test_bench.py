@@ -13,14 +13,16 @@ TINY = ("--seq-len", "16", "--batch", "8", "--steps", "4", "--warmup", "1")
 
 
 def test_fits(tmp_path):
-    rc, out, err = run_script("bench.py", *TINY, "--samples", "1000", "--window", "1h", "--eval-samples", "100")
+    rc, out, err = run_script("bench.py", *TINY, "--samples", "1000", "--window", "1h", "--eval-samples", "100",
+                              timeout=600)  # torch's import alone can take a minute on a busy machine
     assert rc == 0, err
     assert "samples/s: median" in out and out.strip().splitlines()[-1] == "FITS"
     assert "bench: step 5/5 batch 8" in err  # progress on stderr
 
 
 def test_does_not_fit_gives_the_subsample(tmp_path):
-    rc, out, _ = run_script("bench.py", *TINY, "--samples", "100000000", "--epochs", "2", "--window", "10s", "--json")
+    rc, out, _ = run_script("bench.py", *TINY, "--samples", "100000000", "--epochs", "2", "--window", "10s", "--json",
+                            timeout=600)
     assert rc == 7
     facts = json.loads(out)
     assert facts["fits"] is False and 0 < facts["max_samples"] < 100000000
@@ -50,7 +52,8 @@ def test_out_of_memory_halves_the_batch(monkeypatch):
 
 def test_command_mode_reads_the_scripts_own_sps(tmp_path):
     cmd = f"{sys.executable} -u {ROOT / 'tests' / 'fake_trainer.py'} {tmp_path} --records 8 --dt 0.01 --sps 250"
-    rc, out, err = run_script("bench.py", "--cmd", cmd, "--run-dir", tmp_path, "--samples", "1000000", "--window", "2h")
+    rc, out, err = run_script("bench.py", "--cmd", cmd, "--run-dir", tmp_path, "--samples", "1000000", "--window", "2h",
+                              timeout=600)
     assert rc == 0, err
     assert "samples/s: median 250.0" in out and "1,000,000 x 1 epochs / 250.0 sps = 1.11 h" in out
 
@@ -61,6 +64,6 @@ def test_command_mode_reads_the_scripts_own_sps(tmp_path):
     (["--cmd", "true", "--run-dir", "{tmp}"], "wrote no step record"),
 ])
 def test_bad_usage(args, needle, tmp_path):
-    rc, out, err = run_script("bench.py", *[a.format(tmp=tmp_path) for a in args])
+    rc, out, err = run_script("bench.py", *[a.format(tmp=tmp_path) for a in args], timeout=600)
     errors = [line for line in err.splitlines() if not line.startswith("bench: ")]  # progress lines aside
     assert rc == 2 and len(errors) == 1 and needle in errors[0], err

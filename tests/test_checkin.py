@@ -81,7 +81,7 @@ def test_every_state(state, first, tmp_path, sleeper):
     elif state == "sentinel_only":
         atomic_write_json(run / "final_val_metrics.json", {"eval_auroc": 0.9})
     elif state == "fatal":
-        write(run, start(gone_pid()) + steps(3) + '{"step": 31, "t": 3, "FATAL": "non-finite loss nan"}\n')
+        write(run, start(gone_pid()) + steps(3) + '{"step": 31, "t": 3, "FATAL": "labels out of range"}\n')
     elif state == "stale":
         write(run, steps(5))
         os.utime(run / "metrics.jsonl", (1, 1))

@@ -70,7 +70,7 @@ TABLE = [
     ("sbatch job.sh\nsqueue -u $USER", BG, "one_line", "sbatch job.sh && squeue -u $USER"),
     # torchrun is a Python launch, also from a path: one line, background, the variables
     (f"{Q} .venv/bin/torchrun --nproc_per_node 2 train.py", BG, "unbuffered",
-     f"PYTHONUNBUFFERED=1 .venv/bin/torchrun --nproc_per_node 2 train.py"),
+     "PYTHONUNBUFFERED=1 .venv/bin/torchrun --nproc_per_node 2 train.py"),
     ("PYTHONUNBUFFERED=1 /opt/conda/bin/torchrun --nproc_per_node=2 train.py", BG, "quiet_env",
      f"PYTHONUNBUFFERED=1 {Q} /opt/conda/bin/torchrun --nproc_per_node=2 train.py"),
     (f"PYTHONUNBUFFERED=1 {Q} .venv/bin/torchrun train.py", BG, None, ""),

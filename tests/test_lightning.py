@@ -1,5 +1,7 @@
 """A Lightning Trainer (sanity check on, gradient clipping on) supervised with
 supervise.lightning.TelemetryCallback, run as users run it beside the real watchdog."""
+import dataclasses
+import json
 import math
 
 import pytest
@@ -39,3 +41,61 @@ def test_validation_metric_names(key, name):
     from supervise.lightning import eval_name
 
     assert eval_name(key) == name
+
+
+@pytest.mark.parametrize("fault", [f for f in FAULTS if f.name in ("healthy", "nan")], ids=lambda f: f.name)
+def test_lightning_ddp_two_processes(fault, tmp_path):
+    """Lightning's own DDP launcher (gloo, CPU): rank 0 alone writes metrics.jsonl, every rank its heartbeat."""
+    fault = dataclasses.replace(fault, args=fault.args + ("--devices", "2"))
+    rc, out, recs = run_supervised(SCRIPT, fault, tmp_path)
+    run = tmp_path / "run"
+    check_verdict(fault, rc, out, recs, run)
+    starts = [r for r in recs if r.get("event") == "start"]
+    assert len(starts) == 1 and starts[0]["world_size"] == 2 and starts[0]["rank"] == 0
+    beats = {n: [json.loads(x) for x in (run / "ranks" / f"rank-{n}.jsonl").read_text().splitlines()]
+             for n in (0, 1)}
+    assert {b["rank"] for b in beats[1]} == {1} and beats[0][0]["pid"] != beats[1][0]["pid"]
+    if fault.name == "healthy":
+        assert [b["step"] for b in beats[0]] == [b["step"] for b in beats[1]] == [10, 20, 30, 40, 50, 60]
+    else:
+        assert any("FATAL" in b for b in beats[1])
+
+
+def test_a_resumed_fit_is_attempt_two_in_the_same_file(tmp_path):
+    import lightning as L
+    import torch
+
+    from supervise.lightning import TelemetryCallback
+
+    class Tiny(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Linear(4, 2)
+
+        def training_step(self, batch, i):
+            x, y = batch
+            return torch.nn.functional.cross_entropy(self.net(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    torch.manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(256, 4), torch.randint(0, 2, (256,)))
+    run = tmp_path / "run"
+
+    def fit(steps, ckpt=None):
+        trainer = L.Trainer(max_steps=steps, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                            accelerator="cpu", devices=1, default_root_dir=tmp_path,
+                            callbacks=[TelemetryCallback(run, task="classification", num_labels=2)])
+        trainer.fit(Tiny(), torch.utils.data.DataLoader(data, batch_size=8), ckpt_path=ckpt)
+        return trainer
+
+    first = fit(20)
+    ckpt = tmp_path / "after20.ckpt"
+    first.save_checkpoint(ckpt)
+    fit(30, ckpt)
+    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    starts = [r for r in recs if r.get("event") == "start"]
+    assert [s["attempt"] for s in starts] == [1, 2] and starts[1]["chance_loss"] == pytest.approx(math.log(2), 1e-5)
+    assert [r["step"] for r in recs if "loss" in r] == [10, 20, 30]
+    assert json.loads((run / "final_val_metrics.json").read_text())["run_id"] == starts[1]["run_id"]

@@ -91,6 +91,15 @@ def test_no_block_no_cause_and_plain_tracebacks_still_work():
     assert last_error(["step 1", "Traceback (most recent call last):", '  File "x.py", line 1, in <module>',
                        "    f()", "ValueError: boom", "some later print"]) == "ValueError: boom"
     assert last_error(["all good"]) is None
+    # a message continued on indented lines, then ordinary output
+    assert last_error(["Traceback (most recent call last):", '  File "t.py", line 9, in <module>',
+                       "RuntimeError: Error(s) in loading state_dict for Net:", "\tMissing key(s): fc.weight",
+                       "step 5", "step 6"]) == "RuntimeError: Error(s) in loading state_dict for Net:"
+    # a chained exception: the last one raised
+    assert last_error(["Traceback (most recent call last):", '  File "t.py", line 3', "KeyError: 'label'", "",
+                       "During handling of the above exception, another exception occurred:", "",
+                       "Traceback (most recent call last):", '  File "t.py", line 5',
+                       "ValueError: no label column"]) == "ValueError: no label column"
 
 
 @pytest.mark.parametrize("line, fallout", [
@@ -153,3 +162,15 @@ def test_this_process_cgroup_counter_is_readable_when_the_host_has_one():
     if d is None:
         pytest.skip("no memory cgroup readable here")
     assert isinstance(oom_kills(d), int)
+
+
+def test_a_first_failure_that_is_itself_a_timeout_says_so():
+    """SIGSTOP on rank 1 under NCCL: rank 0 times out first and torchrun calls that the root cause."""
+    block = ["Root Cause (first observed failure):", "[0]:", "  time      : 2026-12-03_09:00:00", "  host      : node-b",
+             "  rank      : 0 (local_rank: 0)", "  exitcode  : 1 (pid: 777)", "  error_file: <N/A>",
+             "  traceback : Traceback (most recent call last):", '    File "train.py", line 9, in <module>',
+             "  torch.distributed.DistBackendError: [Rank 0] Watchdog caught collective operation timeout: "
+             "WorkNCCL(SeqNum=42, OpType=ALLREDUCE) ran for 600000 milliseconds before timing out.", "=" * 60]
+    cause = root_cause(block)
+    assert cause.fallout and cause.rank == 0 and cause.host == "node-b"
+    assert cause.summary().endswith("(itself fallout: another rank hung or died first; the rank heartbeats name it)")

@@ -102,8 +102,6 @@ def reference(request, tmp_path_factory):
 @pytest.mark.parametrize("kind", ["dead", "oom"])
 def test_sigkill_mid_run_then_the_relaunch_line_finishes_it(reference, kind, tmp_path):
     name, ref_loss = reference
-    if kind == "oom" and name == "train_hf.py":
-        pytest.skip("the OOM relaunch is shown on the plain loop; the Trainer takes the same two flags")
     job = tmp_path / "job"
     job.mkdir()
     shutil.copy(ROOT / "templates" / name, job)
@@ -215,6 +213,7 @@ def test_sigkill_during_saves_never_leaves_an_unloadable_checkpoint(name, tmp_pa
         p = shell(launch_line(job, name, *args, *(["--resume"] if i else [])))
         try:
             pid = wait_until(lambda: trainer_pid(run, i + 1), f"attempt {i + 1}'s start record", p)
+            wait_until(lambda: checkpoints(run), "a first checkpoint", p)  # then catch the next save
             caught.append(stop_during_save(pid, run, name))
             p.wait(timeout=60)
         finally:

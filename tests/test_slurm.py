@@ -56,12 +56,17 @@ GONE = "unknown.squeue"   # squeue: "slurm_load_jobs error: Invalid job id speci
      ["slurm job 8 state = NODE_FAIL on vm", "sbatch --exclude=vm", "scontrol requeue 8"]),
     ("9", ("timeout.squeue", "timeout.scontrol", None), "TIMEOUT", False, "timeout",
      ["slurm job 9 state = TIMEOUT (time limit reached) on vm", "--time"]),
-    ("123456", (GONE, None, "oom.sacct"), "OUT_OF_MEMORY", False, "oom", ["slurm job 123456 state = OUT_OF_MEMORY on gpu-a01", "--mem"]),
-    ("123457", (GONE, None, "timeout.sacct"), "TIMEOUT", False, "timeout", ["on gpu-a[01-02]"]),
-    ("123458", (GONE, None, "preempted.sacct"), "PREEMPTED", False, "preempted", ["scontrol requeue 123458"]),
-    ("123459", (GONE, None, "cancelled.sacct"), "CANCELLED", False, "dead", ["CANCELLED by root (uid 0)"]),
-    ("123461", (GONE, None, "completed.sacct"), "COMPLETED", False, "dead", ["without final_val_metrics.json"]),
-    ("123462", (GONE, None, "node_fail.sacct"), "NODE_FAIL", False, "node_fail", ["sbatch --exclude=gpu-c03"]),
+    ("27", ("preempted.squeue", "preempted.scontrol", None), "PREEMPTED", False, "preempted",
+     ["slurm job 27 state = PREEMPTED on vm", "scontrol requeue 27"]),
+    # squeue forgot the job (past MinJobAge): sacct
+    ("123456", (GONE, None, "oom_cgroup.sacct"), "OUT_OF_MEMORY", False, "oom",
+     ["slurm job 123456 state = OUT_OF_MEMORY on gpu-a01", "--mem"]),
+    ("22", (GONE, None, "timeout.sacct"), "TIMEOUT", False, "timeout", ["slurm job 22 state = TIMEOUT (time limit reached) on vm"]),
+    ("27", (GONE, None, "preempted.sacct"), "PREEMPTED", False, "preempted", ["scontrol requeue 27"]),
+    ("25", (GONE, None, "cancelled.sacct"), "CANCELLED", False, "dead", ["slurm job 25 state = CANCELLED by root (uid 0) at"]),
+    ("30", (GONE, None, "cancelled_running.sacct"), "CANCELLED", False, "dead", ["CANCELLED by root (uid 0)"]),
+    ("23", (GONE, None, "completed.sacct"), "COMPLETED", False, "dead", ["without final_val_metrics.json"]),
+    ("29", (GONE, None, "node_fail.sacct"), "NODE_FAIL", False, "node_fail", ["sbatch --exclude=vm"]),
 ])
 def test_state_mapping_on_recorded_outputs(job_id, sources, state, running, kind, words):
     run = replay(*sources)
@@ -85,16 +90,28 @@ def test_running_job_has_its_output_path_expanded():
 
 def test_failed_job_reports_the_first_failing_ranks_error_from_its_output(tmp_path):
     """FAILED (sacct, squeue forgot the job): the output file slurm-ID.out in WorkDir holds
-    torchrun's failure block; the crash names rank 1's own error, not rank 0's fallout."""
-    (tmp_path / "slurm-123460.out").write_bytes((DATA / "torchrun_raise_record.log").read_bytes())
-    job = query("123460", runner=replay(GONE, None, "failed.sacct", workdir=str(tmp_path)))
+    torchrun's failure block (a real torchrun job under Slurm, rank 1 raising); the crash names
+    rank 1's own error, not rank 0's fallout."""
+    (tmp_path / "slurm-24.out").write_bytes((REC / "failed-job.out").read_bytes())
+    job = query("24", runner=replay(GONE, None, "failed.sacct", workdir=str(tmp_path)))
     assert (job.state, job.exit_code, job.signal) == ("FAILED", 1, 0)
-    assert job.stdout == str(tmp_path / "slurm-123460.out")
-    a = slurm_anomaly(job, sentinel_present=False, step=10)
+    assert job.stdout == str(tmp_path / "slurm-24.out")
+    a = slurm_anomaly(job, sentinel_present=False, step=6)
     assert a.kind == "crash"
-    assert "slurm job 123460 state = FAILED exit code 1 on gpu-a01: 'rank 1 (local_rank 1, pid 5082 on localhost) " \
-           "exitcode 1: RuntimeError: injected failure on rank 1 at step 10'" in a.message
+    assert "slurm job 24 state = FAILED exit code 1 on vm: 'rank 1 (local_rank 1, pid 29676 on localhost) " \
+           "exitcode 1: RuntimeError: injected failure on rank 1 at step 6'" in a.message
     assert "Connection closed" not in a.message
+
+
+def test_memory_limit_kill_without_cgroups_is_an_oom(tmp_path):
+    """Without task/cgroup Slurm kills a job over --mem with SIGKILL: FAILED 0:9, and slurmstepd
+    says why in the job's output."""
+    (tmp_path / "slurm-26.out").write_bytes((REC / "oom-job.out").read_bytes())
+    job = query("26", runner=replay(GONE, None, "oom.sacct", workdir=str(tmp_path)))
+    assert (job.state, job.exit_code, job.signal) == ("FAILED", 0, 9)
+    a = slurm_anomaly(job, sentinel_present=False, step=3)
+    assert a.kind == "oom" and "exit code 0 signal 9 on vm" in a.message and "Exceeded job memory limit" in a.message
+    assert "--mem" in a.message
 
 
 def test_failed_job_with_a_plain_traceback_and_with_an_oom():
@@ -159,7 +176,7 @@ def _pid(path):
 @pytest.fixture(scope="session")
 def slurm():
     """A running single-node Slurm: the one already up, or one started by .ci/slurm-setup.sh
-    (and stopped again at the end of the session)."""
+    (and stopped again at the end of the session: only the daemons it started)."""
     missing = [c for c in ("sbatch", "squeue", "scontrol", "slurmctld", "slurmd", "munged") if not shutil.which(c)]
     if missing:
         pytest.skip(f"Slurm is not installed ({', '.join(missing)} missing): run .ci/slurm-setup.sh as root "
@@ -168,7 +185,8 @@ def slurm():
     if not _node_up():
         if os.geteuid() != 0:
             pytest.skip("Slurm is installed but not running, and starting slurmctld/slurmd needs root")
-        daemons = (("slurmd", "/run/slurmd.pid"), ("slurmctld", "/run/slurmctld.pid"), ("munged", "/run/munge/munged.pid"))
+        daemons = (("slurmd", "/run/slurmd.pid"), ("slurmctld", "/run/slurmctld.pid"), ("slurmdbd", "/run/slurmdbd.pid"),
+                   ("mariadbd", "/run/mysqld/mysqld.pid"), ("munged", "/run/munge/munged.pid"))
         before = {n: _pid(f) for n, f in daemons}
         subprocess.run(["bash", str(ROOT / ".ci" / "slurm-setup.sh"), "--start"], capture_output=True, timeout=120)
         end = time.time() + 60
@@ -178,11 +196,14 @@ def slurm():
             pytest.skip("slurmctld/slurmd did not bring the node up within 60 s (see /var/log/slurm/)")
         started = [p for n, f in daemons if (p := _pid(f)) and p != before[n]]
     yield
-    for pid in started:  # only the daemons this session started
+    for pid in started:  # only the daemons this session started, slurmd first
         try:
             os.kill(pid, 15)
         except ProcessLookupError:
-            pass
+            continue
+        end = time.time() + 15
+        while time.time() < end and Path(f"/proc/{pid}").exists():
+            time.sleep(0.2)
 
 
 def sbatch(*args) -> str:
@@ -235,3 +256,50 @@ def test_live_torchrun_job_failing_on_rank_1_is_a_crash_with_its_root_cause(slur
     a = slurm_anomaly(job, sentinel_present=False, step=6)
     assert a.kind == "crash"
     assert "exitcode 1: RuntimeError: injected failure on rank 1 at step 6" in a.message and "rank 1 (local_rank 1" in a.message
+
+
+def test_live_preempted_by_a_higher_priority_partition(slurm, tmp_path):
+    cpus = str(os.cpu_count())
+    low = sbatch("-p", "debug", "-c", cpus, "-o", tmp_path / "low.out", "--wrap", "sleep 300")
+    wait_state(low, lambda j: j.running or j.finished)
+    high = sbatch("-p", "urgent", "-c", cpus, "-o", tmp_path / "high.out", "--wrap", "sleep 1")
+    job = wait_state(low, lambda j: j.finished)
+    a = slurm_anomaly(job, sentinel_present=False, step=50)
+    assert job.state == "PREEMPTED" and a.kind == "preempted"
+    assert f"scontrol requeue {low}" in a.message
+    wait_state(high, lambda j: j.finished)
+
+
+def test_live_memory_limit_kill_is_an_oom(slurm, tmp_path):
+    grow = "import time\nx = []\nfor i in range(40):\n    x.append(bytearray(50 << 20)); time.sleep(0.1)\n"
+    (tmp_path / "grow.py").write_text(grow)
+    jid = sbatch("--mem=100M", "-o", tmp_path / "train.log", "--wrap", f"{sys.executable} {tmp_path / 'grow.py'}")
+    job = wait_state(jid, lambda j: j.finished)
+    assert (job.state, job.signal) == ("FAILED", 9), (tmp_path / "train.log").read_text()
+    a = slurm_anomaly(job, sentinel_present=False, step=0)
+    assert a.kind == "oom" and "exceeded" in a.message.lower()
+
+
+def test_live_sacct_once_squeue_forgot_the_job(slurm, tmp_path):
+    probe = subprocess.run(["sacct", "-X", "-n", "-j", "1"], capture_output=True, text=True, timeout=30)
+    if probe.returncode != 0:
+        pytest.skip(f"sacct needs Slurm accounting (slurmdbd): {probe.stderr.strip()[:120]} "
+                    "(.ci/slurm-setup.sh --accounting sets it up)")
+    jid = sbatch("--chdir", tmp_path, "--wrap", "echo start; python3 -c 'raise KeyError(\"label\")'")
+    wait_state(jid, lambda j: j.finished)
+
+    def forgotten(argv, **kw):  # squeue past MinJobAge; sacct and scontrol are real
+        if argv[0] == "squeue":
+            return subprocess.CompletedProcess(argv, 1, "", "slurm_load_jobs error: Invalid job id specified\n")
+        return subprocess.run(argv, **kw)
+
+    end, job = time.time() + 60, None
+    while time.time() < end:  # slurmdbd completes its record (WorkDir, JobName) a moment after the end
+        job = query(jid, runner=forgotten)
+        if job.finished and job.workdir:
+            break
+        time.sleep(1)
+    assert (job.source, job.state, job.exit_code) == ("sacct", "FAILED", 1), job
+    assert job.stdout == str(tmp_path / f"slurm-{jid}.out")
+    a = slurm_anomaly(job, sentinel_present=False, step=0)
+    assert a.kind == "crash" and "KeyError: 'label'" in a.message

@@ -18,6 +18,8 @@ pytest.importorskip("transformers")
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
        "TRANSFORMERS_VERBOSITY": "error", "TOKENIZERS_PARALLELISM": "false"}
 TEMPLATES = ["train_hf.py", "train_torch.py"]
+FINAL_KEYS = {"run_id", "attempt", "step", "eval_auroc", "eval_acc", "eval_loss", "best_checkpoint", "best_step",
+              "best_auroc", "world_size", "seconds"}
 
 
 def copy_alone(name, folder: Path) -> Path:
@@ -53,13 +55,21 @@ def test_full_run_keeps_the_contract(full_run):
     script, run = full_run
     assert validate_file(run / "metrics.jsonl", require=("grad_norm", "sps")) == []
     recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    assert recs[0]["event"] == "start" and recs[0]["world_size"] == 1 and recs[0]["num_labels"] == 2
+    start = recs[0]
+    assert start["event"] == "start" and start["world_size"] == 1 and start["num_labels"] == 2
+    assert start["attempt"] == 1 and len(start["run_id"]) == 32 and start["task"] == "classification"
+    assert start["argv"] == [script.name, "--out", "run"] and start["cwd"] == str(script.parent)
     steps = [r for r in recs if "loss" in r]
     assert len(steps) >= 30 and all(r["grad_norm"] > 0 and r["sps"] > 0 for r in steps)
+    assert start["total_steps"] == steps[-1]["step"]
     assert steps[-1]["loss"] < 0.35  # far below chance (0.69)
     final = read_json(run / "final_val_metrics.json")
-    assert final["eval_auroc"] > 0.9
+    assert set(final) == FINAL_KEYS  # one set of keys in both templates
+    assert final["eval_auroc"] > 0.9 and final["run_id"] == start["run_id"] and final["step"] == steps[-1]["step"]
     assert 1 <= len(list((run / "checkpoints").iterdir())) <= 2
+    assert read_json(run / "hparams.json")["lr"] > 0  # the resolved config, for a relaunch line
+    beats = [json.loads(x) for x in (run / "ranks" / "rank-0.jsonl").read_text().splitlines()]
+    assert [b["step"] for b in beats] == [r["step"] for r in steps]  # a heartbeat per logged step
 
 
 def test_best_checkpoint_reloads_and_reproduces_its_auroc(full_run):
@@ -175,3 +185,27 @@ def test_torchrun_two_processes_write_one_metrics_file(tmp_path):
     steps = [r["step"] for r in recs if "loss" in r]
     assert steps == sorted(set(steps)) and steps[-1] == 60
     assert read_json(tmp_path / "run" / "final_val_metrics.json")["world_size"] == 2
+    for rank in (0, 1):  # every rank beats, rank 0 too
+        beats = [json.loads(x) for x in (tmp_path / "run" / "ranks" / f"rank-{rank}.jsonl").read_text().splitlines()]
+        assert [b["step"] for b in beats] == steps and {b["rank"] for b in beats} == {rank}
+
+
+def section(text, title):
+    """The lines from a '# ---...--- <title>' banner to the next banner."""
+    lines = text.splitlines()
+    i = next(n for n, ln in enumerate(lines) if ln.startswith("# ---") and ln.endswith(title))
+    j = next(n for n in range(i + 1, len(lines)) if lines[n].startswith("# -----"))
+    return "\n".join(lines[i:j])
+
+
+def test_the_templates_share_one_shape():
+    """One data section (inputs, label handling), one set of flags, one config block layout."""
+    import re
+    texts = {n: (ROOT / "templates" / n).read_text() for n in TEMPLATES}
+    hf, pt = texts["train_hf.py"], texts["train_torch.py"]
+    assert section(hf, "data (same in both templates)") == section(pt, "data (same in both templates)")
+    flags = {n: re.findall(r'add_argument\("(--[a-z-]+)"', t) for n, t in texts.items()}
+    assert flags["train_hf.py"] == flags["train_torch.py"]
+    assert {"--resume", "--batch-size", "--grad-accum", "--lr", "--keep", "--out", "--smoke"} <= set(flags["train_hf.py"])
+    for t in texts.values():
+        assert "def die(msg):" in t and "hparams.json" in t

@@ -160,3 +160,46 @@ def test_healthy_two_rank_run_names_nothing_and_finishes(job):
     assert (j.run_dir / "final_val_metrics.json").exists()
     ranks = j.files.poll()
     assert sorted(ranks) == [0, 1] and all(s.step == 60 for s in ranks.values())
+
+
+# The same faults through scripts/watchdog.py, as the agent runs it: no --pid, max-stall 300 s;
+# the watchdog finds torchrun through train.log and the ranks through their heartbeats.
+def watchdog(run_dir):
+    return subprocess.Popen([sys.executable, str(Path(__file__).parents[1] / "scripts" / "watchdog.py"), str(run_dir),
+                             "--poll", "0.5", "--max-stall", "300"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def test_watchdog_names_a_stopped_rank_within_45s(job):
+    j = job()
+    ranks = j.wait_for_steps()
+    wd = watchdog(j.run_dir)
+    time.sleep(2)
+    pid1 = ranks[1].pid
+    os.kill(pid1, signal.SIGSTOP)
+    t0 = time.time()
+    out, err = wd.communicate(timeout=90)
+    assert wd.returncode == 7 and out.startswith(f"ANOMALY rank_hang: rank 1 (pid {pid1} on "), out + err
+    assert time.time() - t0 < 45
+
+
+def test_watchdog_names_a_killed_rank_with_its_root_cause_within_20s(job):
+    j = job()
+    ranks = j.wait_for_steps()
+    wd = watchdog(j.run_dir)
+    time.sleep(2)
+    pid1 = ranks[1].pid
+    os.kill(pid1, signal.SIGKILL)
+    t0 = time.time()
+    out, err = wd.communicate(timeout=90)
+    assert wd.returncode == 7 and out.startswith("ANOMALY crash: root cause = "), out + err
+    assert f"rank 1 (local_rank 1, pid {pid1} on " in out and "killed by SIGKILL (not shown to be OOM)" in out
+    assert "=====" not in out and "PID" not in out
+    assert time.time() - t0 < 20
+
+
+def test_watchdog_says_ok_done_for_a_healthy_two_rank_run(job):
+    j = job("--steps", 60)
+    wd = watchdog(j.run_dir)
+    out, err = wd.communicate(timeout=240)
+    assert wd.returncode == 0 and out.startswith("OK done: final_val_metrics.json written at step 60"), out + err

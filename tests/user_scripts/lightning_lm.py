@@ -16,6 +16,7 @@ from supervise.lightning import TelemetryCallback  # supervise
 p = argparse.ArgumentParser()
 p.add_argument("--out", required=True)
 p.add_argument("--steps", type=int, default=60)
+p.add_argument("--devices", type=int, default=1, help="CPU processes (DDP, gloo) when more than 1")
 p.add_argument("--nan-at", type=int, default=None)  # fault
 p.add_argument("--sleep", type=float, default=0.0)  # fault
 a = p.parse_args()
@@ -58,7 +59,7 @@ class NextToken(L.LightningModule):
 
 torch.manual_seed(0)
 trainer = L.Trainer(max_steps=a.steps, val_check_interval=20, gradient_clip_val=1.0, logger=False,
-                    enable_checkpointing=False, enable_progress_bar=False, accelerator="cpu", devices=1,
+                    enable_checkpointing=False, enable_progress_bar=False, accelerator="cpu", devices=a.devices,
                     callbacks=[TelemetryCallback(a.out, task="lm", vocab_size=VOCAB)])  # supervise
 trainer.fit(NextToken(), torch.utils.data.DataLoader(data(2000, 0), batch_size=16, shuffle=True),
             torch.utils.data.DataLoader(data(64, 1), batch_size=32))

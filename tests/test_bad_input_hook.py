@@ -1,0 +1,72 @@
+"""The PreToolUse hook on bad input: always exit 0 and a decision on purpose (a deny in the
+client's format, or an allow), never a traceback, and inside the hook's own timeout from
+hooks.json even for commands of a megabyte (they once took minutes: a quadratic guard)."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT
+from supervise.guard import MAX_COMMAND, QUIET
+
+ENV = {k: v for k, v in os.environ.items() if k not in QUIET and k not in ("PYTHONUNBUFFERED", "SUPERVISE_GUARD_OFF")}
+
+HOOK_TIMEOUT = json.loads((ROOT / "hooks" / "hooks.json").read_text())["hooks"]["PreToolUse"][0]["hooks"][0]["timeout"]
+LINES = "\n".join(f"python train.py --out runs/{i} > runs/{i}.log 2>&1" for i in range(1000))
+V4 = "args = TrainingArguments(evaluation_strategy='steps')\n"
+
+
+def bash(command, background=False):
+    return json.dumps({"tool_name": "Bash", "tool_input": {"command": command, "run_in_background": background}})
+
+
+# (case, stdin, "deny <rule>" or "allow", text the reason must hold)
+CASES = [
+    ("1000_line_background_command", bash(LINES, True), "deny one_line", "too long to show"),
+    ("1mb_word_in_a_launch", bash("python train.py " + "a" * (1 << 20), True), "deny unbuffered",
+     f"Decided on the first {MAX_COMMAND >> 10} KiB of this 1,024 KiB command"),
+    ("1mb_one_line_launch", bash("python train.py " + " ".join(f"--a{i} {i}" for i in range(73000)), True),
+     "deny unbuffered", "Decided on the first"),
+    ("350kb_of_tmux_new", bash("tmux new " * (350 * 1024 // 9)), "allow", ""),
+    ("350kb_of_tmux_new_then_a_detached_launch", bash("tmux new " * 1000 + "-d python train.py"), "deny notified",
+     "run_in_background"),
+    ("200kb_of_blanks_then_ampersand", bash("python train.py" + " " * (200 << 10) + "&"), "deny notified",
+     "run_in_background"),
+    ("1mb_of_blanks_then_ampersand", bash("python train.py" + " " * (1 << 20) + "&"), "allow", ""),  # past the cap
+    ("1mb_of_continuations", bash("python train.py \\\n" * 60000, True), "deny one_line", "Decided on the first"),
+    ("1mb_unclosed_quote", bash("python train.py '" + "x" * (1 << 20), True), "allow", ""),
+    ("1mb_of_backslashes", bash("\\" * (1 << 20), True), "allow", ""),
+    ("1mb_of_operators", bash("&&" * (1 << 19), True), "allow", ""),
+    ("1mb_write_with_v4_arguments", json.dumps({"tool_name": "Write", "tool_input": {
+        "file_path": "t.py", "content": "x = 1\n" * 170000 + V4}}), "deny v5_arguments", "eval_strategy="),
+    ("not_json", "not json", "allow", ""),
+    ("a_list", "[1, 2]", "allow", ""),
+    ("deeply_nested_json", "[" * 100000 + "]" * 100000, "allow", ""),
+    ("command_not_a_string", '{"tool_name": "Bash", "tool_input": {"command": 5}}', "allow", ""),
+    ("tool_input_not_an_object", '{"tool_name": "Bash", "tool_input": "ls"}', "allow", ""),
+    ("nul_bytes", bash("python train.py \x00\x00", True), "deny unbuffered", ""),
+    ("empty_stdin", "", "allow", ""),
+]
+
+
+@pytest.mark.parametrize("case,stdin,decision,needle", CASES, ids=[c[0] for c in CASES])
+def test_the_hook_decides_on_purpose_and_in_time(case, stdin, decision, needle):
+    if case == "1mb_write_with_v4_arguments":
+        pytest.importorskip("transformers")
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, str(ROOT / "hooks" / "pretooluse.py")], input=stdin, capture_output=True,
+                       text=True, timeout=120, env=ENV)
+    took = time.monotonic() - t0
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr[-2000:]
+    assert took < HOOK_TIMEOUT, f"{took:.1f}s: past the hook's {HOOK_TIMEOUT}s timeout, the call would go through"
+    if decision == "allow":
+        assert p.stdout == "", p.stdout[:500]
+        return
+    out = json.loads(p.stdout)["hookSpecificOutput"]
+    reason = out["permissionDecisionReason"]
+    assert out["permissionDecision"] == "deny" and reason.startswith(f"[{decision.split()[1]}] "), reason[:500]
+    assert needle in reason, reason[-500:]
+    assert len(reason) <= 10000  # the client's cap on a hook's output string
