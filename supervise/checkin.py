@@ -16,6 +16,7 @@ from .contract import LOG, METRICS, SENTINEL, WATCHDOG_STATE, is_finite, is_numb
 from .logs import last_error, log_tail, oom_line
 from .probes import Nvml, disk_free, process
 from .ranks import rank_lines
+from .recovery import relaunch_line, watchdog_line
 from .rules import Thresholds
 from .watch import WatchState, assess
 
@@ -95,6 +96,21 @@ def _verdict(w, wd: Optional[WatchState]) -> tuple:
     return "RUNNING healthy", None
 
 
+def _next(run_dir: Path, start: dict, verdict: str, message: Optional[str]) -> list:
+    """On an anomaly: the relaunch line (from the start record's argv and cwd, with the change the
+    kind calls for) and the watchdog line for the new attempt, each one physical line to run as
+    is; or why there is none."""
+    if not verdict.startswith("ANOMALY "):
+        return []
+    kind = verdict.split()[1]
+    line = relaunch_line(start, kind, run_dir, message=message or "")
+    if line is None:
+        why = ("the start record has no argv/cwd (an older writer)" if not start.get("argv") else
+               f"a relaunch does not fix {kind}")
+        return [f"no relaunch line: {why}; see references/recovery.md ({kind})"]
+    return [line, watchdog_line(run_dir)]
+
+
 def gather(run_dir: Path, k: int = 5, now: Optional[float] = None, gpu=None) -> dict:
     """Every fact of the check-in as a dict (``--json`` prints it)."""
     now = now or time.time()
@@ -150,6 +166,7 @@ def gather(run_dir: Path, k: int = 5, now: Optional[float] = None, gpu=None) -> 
             "bad_lines": wd.records.get("bad_lines") if is_number(wd.records.get("bad_lines")) else None},
         "process": None if proc is None else {"pid": proc.pid, "state": proc.state, "cpu_percent": proc.cpu_percent,
                                               "rss_mb": proc.rss / 2**20 if proc.rss else None},
+        "next": _next(run_dir, w.start, verdict, message),
         "ranks": rank_lines(w.ranks, now, w.rank_procs) if len(w.ranks) > 1 else [],
         "slurm": None if w.slurm is None else (w.slurm.error or f"job {w.slurm.job_id} {w.slurm.state}"
                                                + (f" on {w.slurm.nodes}" if w.slurm.nodes else "")),
@@ -172,6 +189,7 @@ def render(f: dict, limit: int = LIMIT) -> str:
         head.append(f["watchdog_message"][:400])
     elif f["fatal"]:
         head.append(f"FATAL: {f['fatal'][:300]}")
+    head += [f"next: {x}" for x in f.get("next") or []]
     head += [f"warning: {x[len('ANOMALY '):][:300]}" for x in f.get("warnings") or []]
     if f["last_error"] and f["verdict"] != "DONE":
         head.append(f"last error: {f['last_error'][:300]}")

@@ -8,6 +8,7 @@ import argparse
 import math
 import os
 import re
+import sys
 
 EXIT_OK, EXIT_USAGE, EXIT_ANOMALY = 0, 2, 7
 
@@ -23,7 +24,14 @@ class UsageError(Exception):
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse with a one-line error (no usage block), exit code 2."""
+    """argparse with a one-line error (no usage block), exit code 2. Run as a console command
+    (``supervise-watchdog``) it names itself by that command, not by the script's file name."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        command = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+        if command.startswith("supervise-"):
+            self.prog = command
 
     def error(self, message):
         hint = " (see --help)" if "unrecognized" in message or "required" in message else ""

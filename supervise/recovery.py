@@ -175,6 +175,21 @@ def watchdog_line(run_dir, *, python: Optional[str] = None) -> str:
     return shlex.join([exe, str(BUNDLE / "scripts" / "watchdog.py"), os.path.abspath(run_dir)])
 
 
+def began_at(records: Iterable[dict]) -> list[tuple[dict, Optional[int]]]:
+    """(start record, the first step it logged or None) per attempt, oldest first, from a metrics
+    file's records in order: the input of ``no_progress`` (a resumed attempt's first step lies one
+    logging interval after the checkpoint it began at, so equal values mean the same checkpoint)."""
+    out: list = []
+    for rec in records:
+        if not isinstance(rec, dict):
+            continue
+        if rec.get("event") == "start":
+            out.append([rec, None])
+        elif out and out[-1][1] is None and "loss" in rec and isinstance(rec.get("step"), int):
+            out[-1][1] = rec["step"]
+    return [(a, b) for a, b in out]
+
+
 def no_progress(starts_and_checkpoint_steps: Iterable[tuple[dict, Optional[int]]], *,
                 current: Optional[int] = None, after: int = NO_PROGRESS_AFTER) -> Optional[Anomaly]:
     """``no_progress`` when the last ``after`` relaunches all began at the same checkpoint step.

@@ -494,6 +494,7 @@ class RecordRules:
     def __init__(self, th: Thresholds = Thresholds(), num_labels_given: bool = False):
         self.th, self.num_labels_given = th, num_labels_given
         self.starts = 0
+        self.attempts: list = []   # [start record, its first logged step or None], oldest first
         self._new(None)
 
     def _new(self, start: Optional[dict]) -> None:
@@ -505,8 +506,11 @@ class RecordRules:
         kind = kind_of(rec)
         if kind == "start":
             self.starts += 1
+            self.attempts = self.attempts[-15:] + [[rec, None]]
             self._new(rec)
             return
+        if kind == "step" and self.attempts and self.attempts[-1][1] is None:
+            self.attempts[-1][1] = rec["step"]
         self.run.add(rec, kind)
         for rule in self.rules:
             if kind in rule.on and rule.kind not in self.hits:

@@ -26,6 +26,7 @@ from .contract import LOG, METRICS, SENTINEL, WATCHDOG_STATE, TailReader, atomic
     is_number, read_json, why_unreadable
 from .logs import cgroup_dir, is_fallout, kernel_oom_lines, killed_reason, log_tail, oom_kills, root_cause
 from .probes import GpuReport, Nvml, ProcessWatch, log_writers
+from .recovery import no_progress
 from .rules import Anomaly, Process, RecordRules, Thresholds, Window, evaluate, secs
 
 
@@ -328,6 +329,9 @@ class Watcher:
         died = bool(gone) or orphan
         log = tuple(log_tail(self.log)) if died or (self.slurm and self.slurm.finished) else ()
         extra = self._rank_findings(now, stall_after, log if died and not alive else None)
+        stuck = no_progress([tuple(a) for a in self.rules.attempts])
+        if stuck is not None:
+            extra.setdefault("no_progress", stuck)
         if self.slurm is not None and not waiting:
             found = sl.slurm_anomaly(self.slurm, False, run.last_step)
             if found is not None:

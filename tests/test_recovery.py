@@ -158,3 +158,13 @@ def test_recovery_imports_neither_torch_nor_pandas():
             "print(sorted(m for m in ('torch', 'pandas', 'numpy') if m in sys.modules))" % str(ROOT))
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.stdout.strip() == "[]", p.stderr
+
+
+def test_began_at_reads_each_attempts_first_step_from_the_records():
+    recs = [{"event": "start", "attempt": 1}, {"step": 10, "loss": 0.7}, {"step": 20, "eval_auroc": 0.6},
+            {"step": 20, "loss": 0.6}, {"event": "start", "attempt": 2}, {"step": 30, "loss": 0.5},
+            {"event": "start", "attempt": 3}, {"step": 25, "FATAL": "boom"},
+            {"event": "start", "attempt": 4}, "torn", {"step": 30, "loss": 0.5}]
+    got = recovery.began_at(recs)
+    assert [(s["attempt"], step) for s, step in got] == [(1, 10), (2, 30), (3, None), (4, 30)]
+    assert no_progress(got) is not None and no_progress(got[:3]) is None

@@ -150,11 +150,13 @@ def test_sigkill_mid_run_then_the_relaunch_line_finishes_it(reference, kind, tmp
     if kind == "oom":
         assert a2[0]["argv"][-5:] == ["--batch-size", "16", "--grad-accum", "2", "--resume"]
         assert a2[0]["batch_size"] == a1[0]["batch_size"] == 32  # samples per step unchanged
-    # the loss curve continues the uninterrupted one
+    # the loss curve continues the uninterrupted one: the same numbers on the same batches; within
+    # noise where the batch is split in two (BERT's dropout masks are drawn per micro-batch)
+    tol = dict(abs=0.02) if kind == "oom" and name == "train_hf.py" else dict(rel=1e-3, abs=1e-4)
+    print(f"\n{name} {kind}: killed at step {killed_at}, resumed from {from_step}; loss resumed vs uninterrupted: " +
+          ", ".join(f"step {r['step']} {r['loss']:.6f} vs {ref_loss[r['step']]:.6f}" for r in resumed))
     for r in resumed:
-        assert r["loss"] == pytest.approx(ref_loss[r["step"]], rel=1e-3, abs=1e-4), (r["step"], r["loss"], ref_loss)
-    print(f"\n{name} {kind}: killed at step {killed_at}, resumed from {from_step}: loss at step "
-          f"{resumed[0]['step']} = {resumed[0]['loss']:.6f} resumed vs {ref_loss[resumed[0]['step']]:.6f} uninterrupted")
+        assert r["loss"] == pytest.approx(ref_loss[r["step"]], **tol), (r["step"], r["loss"], ref_loss)
     assert wd.returncode == 0 and out.startswith("OK done: final_val_metrics.json written at step 60/60 (attempt 2)"), \
         out + err
 

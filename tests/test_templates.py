@@ -61,11 +61,11 @@ def test_full_run_keeps_the_contract(full_run):
     assert start["argv"] == [script.name, "--out", "run"] and start["cwd"] == str(script.parent)
     steps = [r for r in recs if "loss" in r]
     assert len(steps) >= 30 and all(r["grad_norm"] > 0 and r["sps"] > 0 for r in steps)
-    assert start["total_steps"] == steps[-1]["step"]
+    assert start["total_steps"] - 10 < steps[-1]["step"] <= start["total_steps"]
     assert steps[-1]["loss"] < 0.35  # far below chance (0.69)
     final = read_json(run / "final_val_metrics.json")
     assert set(final) == FINAL_KEYS  # one set of keys in both templates
-    assert final["eval_auroc"] > 0.9 and final["run_id"] == start["run_id"] and final["step"] == steps[-1]["step"]
+    assert final["eval_auroc"] > 0.9 and final["run_id"] == start["run_id"] and final["step"] == start["total_steps"]
     assert 1 <= len(list((run / "checkpoints").iterdir())) <= 2
     assert read_json(run / "hparams.json")["lr"] > 0  # the resolved config, for a relaunch line
     beats = [json.loads(x) for x in (run / "ranks" / "rank-0.jsonl").read_text().splitlines()]
@@ -116,7 +116,7 @@ def test_real_divergence_writes_fatal_and_the_watchdog_reports_it(name, lr, tmp_
     assert fatal[0]["step"] - last_ok <= 10  # within one logging interval
     w = subprocess.run([sys.executable, str(ROOT / "scripts" / "watchdog.py"), tmp_path / "run", "--poll", "0.2"],
                        capture_output=True, text=True, timeout=30)
-    assert w.returncode == 7 and w.stdout.startswith("ANOMALY fatal: FATAL = 'non-finite"), w.stdout
+    assert w.returncode == 7 and w.stdout.startswith("ANOMALY nan: FATAL = 'non-finite"), w.stdout
 
 
 def write_csv(path, texts, labels):

@@ -255,3 +255,32 @@ def test_checkin_without_a_watchdog_gives_the_watchdogs_kind(name, args, kind, t
     rc, out, err = run_script("checkin.py", run, "--json")
     facts = json.loads(out)
     assert facts["verdict"] == (f"ANOMALY {kind}" if kind else "DONE"), out
+
+
+def test_checkin_prints_the_relaunch_line_and_the_watchdog_line(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    start = {"event": "start", "t": 0, "pid": 999999, "run_id": "a", "attempt": 1, "cwd": str(tmp_path),
+             "argv": ["train.py", "--out", str(run), "--lr", "0.01"]}
+    step = '{"step": %d, "t": 1, "loss": %s, "lr": 0.01, "grad_norm": 1.0, "sps": 10}\n'
+    (run / "metrics.jsonl").write_text(json.dumps(start) + "\n" + step % (10, "0.5") + step % (20, "NaN"))
+    rc, out, err = run_script("checkin.py", run)
+    lines = out.splitlines()
+    assert lines[0].startswith("ANOMALY nan"), out
+    nxt = [ln[len("next: "):] for ln in lines if ln.startswith("next: ")]
+    assert len(nxt) == 2, out
+    assert nxt[0].startswith(f"cd {tmp_path} && ") and "--lr 0.005" in nxt[0] and "--resume" in nxt[0], nxt[0]
+    assert nxt[0].endswith(f">> {run}/train.log 2>&1") and "\n" not in nxt[0]
+    assert "watchdog.py" in nxt[1] and str(run) in nxt[1]
+
+
+def test_three_relaunches_from_the_same_checkpoint_are_no_progress(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    step = '{"step": %d, "t": 1, "loss": 0.5, "lr": 0.01, "grad_norm": 1.0, "sps": 10}\n'
+    text = '{"event": "start", "t": 0, "attempt": 1}\n' + step % 10 + step % 500
+    for attempt in (2, 3, 4):
+        text += '{"event": "start", "t": 0, "attempt": %d}\n' % attempt + step % 510
+    (run / "metrics.jsonl").write_text(text)
+    rc, out, err = run_script("watchdog.py", run, *FAST, "--orphan-grace", "30", timeout=60)
+    assert rc == 7 and out.startswith("ANOMALY no_progress: relaunches without the checkpoint step moving = 3"), out + err
