@@ -42,42 +42,27 @@ class Clock:
         return timed
 
 
+PUBLIC = ("step", "eval", "expect", "done")
+
+
 def run(mod, steps, telemetry: bool, clock: Clock):
+    """One run of a template. Both embed the same ``Telemetry`` class: with telemetry, every
+    call of its public methods is timed; without, they do nothing (same loop, same checks)."""
     argv = ["x", "--out", tempfile.mkdtemp(), "--max-steps", str(steps), "--eval-steps", str(steps)]
-    if mod.__name__ == "train_hf":
-        from transformers import TrainerCallback
-        real = mod.make_telemetry_callback
-
-        def factory(base):
-            cls = real(base)
-            if not telemetry:  # the same object, its hooks doing nothing
-                return type("Silent", (cls,), {"on_train_begin": TrainerCallback.on_train_begin,
-                                               "on_log": TrainerCallback.on_log})
-            for name in ("on_train_begin", "on_log"):
-                setattr(cls, name, clock.wrap(getattr(cls, name)))
-            return cls
-        mod.make_telemetry_callback = factory
-    else:
-        real = mod.Telemetry
-        orig_write = real.write
-
-        class Patched(real):
-            def __init__(self, run_dir, enabled):
-                super().__init__(run_dir, enabled and telemetry)
-            write = clock.wrap(orig_write)
-        mod.Telemetry = Patched
+    cls = mod.Telemetry
+    saved = {name: getattr(cls, name) for name in PUBLIC}
+    for name, fn in saved.items():
+        setattr(cls, name, clock.wrap(fn) if telemetry else (lambda self, *a, **kw: None))
     old = sys.argv
     sys.argv = argv
     t0 = time.perf_counter()
     try:
-        with contextlib.redirect_stdout(io.StringIO()):
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             mod.main()
     finally:
         sys.argv = old
-        if mod.__name__ == "train_hf":
-            mod.make_telemetry_callback = real
-        else:
-            mod.Telemetry = real
+        for name, fn in saved.items():
+            setattr(cls, name, fn)
     return time.perf_counter() - t0
 
 

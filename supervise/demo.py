@@ -155,6 +155,7 @@ def main(argv=None) -> int:
             if a.fault == "dead" and not killed and metrics.exists() and b"eval_auroc" in metrics.read_bytes():
                 say(f"fault: kill -9 {trainer.pid}")
                 trainer.send_signal(signal.SIGKILL)
+                trainer.wait()  # reaped, as a shell reaps its job: gone, not a zombie of the demo
                 killed = True
         verdict = watchdog.stdout.read().strip()
     finally:

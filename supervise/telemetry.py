@@ -69,7 +69,8 @@ class Telemetry:
                      "chance_loss": round(math.log(chance), 6) if chance and chance > 1 else None,
                      "total_steps": total_steps, "batch_size": batch_size,
                      "world_size": self.world_size, "rank": self.rank, "argv": list(sys.argv),
-                     "cwd": os.getcwd(), "host": socket.gethostname(), "time": self.t0})
+                     "cwd": os.getcwd(), "python": sys.executable, "host": socket.gethostname(),
+                     "time": self.t0})
 
     # -- the calls a training loop makes
     def step(self, step, loss, *, lr=None, grad_norm=None, sps=None, **extra):

@@ -118,6 +118,7 @@ class Watcher:
         self.watch_started = clock()
         self.procs = ProcessWatch()
         self.known: dict = {}            # pid -> why it is a run process
+        self.seen_alive: set = set()     # pids this watchdog saw alive
         self._scanned_at: Optional[int] = None
         self.gone_since: Optional[float] = None
         self.orphan_since: Optional[float] = None
@@ -302,7 +303,11 @@ class Watcher:
         final = self._sentinel(infos)
         if final is not None:
             return self._finish(self._done(final))
-        procs = tuple(Process(p.pid, p.state, self.known.get(p.pid, "")) for p in infos)
+        self.seen_alive.update(p.pid for p in infos if p.alive)
+        # a process already gone when this watchdog first looked (the last attempt's, before a
+        # relaunch shows up) is no verdict yet: the run is judged as an orphan, after its grace
+        procs = tuple(Process(p.pid, p.state, self.known.get(p.pid, "")) for p in infos
+                      if p.alive or p.pid in self.seen_alive or self.one_shot)
         waiting = self._follow_slurm(now)
         if waiting:
             procs = ()  # queued or requeued: no process is expected, none is dead
@@ -328,7 +333,8 @@ class Watcher:
         run = self.run
         died = bool(gone) or orphan
         log = tuple(log_tail(self.log)) if died or (self.slurm and self.slurm.finished) else ()
-        extra = self._rank_findings(now, stall_after, log if died and not alive else None)
+        judged = (gone and not alive) or (orphan and now - self.orphan_since >= self.th.orphan_grace)
+        extra = self._rank_findings(now, stall_after, log if judged else None)
         stuck = no_progress([tuple(a) for a in self.rules.attempts])
         if stuck is not None:
             extra.setdefault("no_progress", stuck)

@@ -8,8 +8,8 @@ pytest.importorskip("torch")
 
 @pytest.mark.parametrize("fault,verdict", [
     (None, "watchdog exited 0: OK done: final_val_metrics.json written"),
-    ("dead", "watchdog exited 7: ANOMALY dead: pid "),
-    ("nan", "watchdog exited 7: ANOMALY fatal: FATAL = 'non-finite"),
+    ("dead", "watchdog exited 7: ANOMALY dead: rank 0 (pid "),
+    ("nan", "watchdog exited 7: ANOMALY nan: FATAL = 'non-finite loss"),
     ("inverted", "watchdog exited 7: ANOMALY inverted_labels: eval_auroc = "),
 ])
 def test_demo(fault, verdict, tmp_path):
