@@ -52,10 +52,11 @@ def pct(xs, q):
 
 
 def in_process(root: Path, command: str, background: bool, limit: float) -> float:
-    """Seconds of one decide() on ``command`` (a fresh interpreter, so a quadratic case can be cut off)."""
+    """CPU seconds of one decide() on ``command`` (CPU time: a figure a busy machine does not inflate; a
+    fresh interpreter, so that a quadratic case can be cut off)."""
     code = ("import sys, time, json; sys.path.insert(0, sys.argv[1]); from supervise.guard import call_from_hook, decide;"
-            "d = json.loads(sys.stdin.read()); c = call_from_hook(d, {}); t = time.perf_counter(); decide(c);"
-            "print(time.perf_counter() - t)")
+            "d = json.loads(sys.stdin.read()); c = call_from_hook(d, {}); t = time.process_time(); decide(c);"
+            "print(time.process_time() - t)")
     data = json.dumps({"tool_name": "Bash", "tool_input": {"command": command, "run_in_background": background}})
     try:
         p = subprocess.run([sys.executable, "-c", code, str(root)], input=data, capture_output=True, text=True,
@@ -98,8 +99,8 @@ def main():
             print(f"  {name} ({len(command) / 1024:,.0f} KiB): hook {show(whole)}")
             continue
         guard = in_process(a.root, command, background, a.limit)
-        print(f"  {name} ({len(command) / 1024:,.0f} KiB): hook {show(whole)}, of which decide() {show(guard)}")
-    print("decide() at doubling sizes (linear: each doubling about doubles the time):")
+        print(f"  {name} ({len(command) / 1024:,.0f} KiB): hook {show(whole)} wall, decide() {show(guard)} CPU")
+    print("decide() CPU time at doubling sizes (linear: each doubling about doubles the time):")
     for name in big_commands():
         figures = []
         for scale in (0.0625, 0.125, 0.25):
