@@ -39,7 +39,9 @@ def plot(run_dir) -> str:
     th = Thresholds.from_dict(wd.get("thresholds"))
     n_labels = start.get("num_labels")
     n_labels = int(n_labels) if is_finite(n_labels) and 2 <= n_labels <= 1e9 else th.num_labels
-    wd_step = wd.get("step") if is_finite(wd.get("step")) else None
+    from .watch import assess  # the watchdog's own engine: the picture says what the watchdog says
+    verdict = assess(run_dir, th).verdict
+    wd_step = verdict.anomaly.step if verdict.anomaly else None
 
     fig, ax = plt.subplots(4, 1, figsize=(7.2, 10.8), dpi=150, sharex=True)
     xs = [r["step"] for r in steps]
@@ -68,11 +70,10 @@ def plot(run_dir) -> str:
                       label=f"-{th.throughput_drop:.0%}")
     ax[3].set_ylabel("samples/s")
     ax[3].set_xlabel("step")
-    if wd.get("state") == "anomaly":
-        if wd_step is not None:
-            for a in ax:
-                a.axvline(wd_step, color="red", lw=2, alpha=0.6)
-        ax[0].set_title(f"ANOMALY {str(wd.get('kind'))[:40]}" + (f" at step {wd_step:g}" if wd_step is not None else ""),
+    if verdict.anomaly is not None:
+        for a in ax:
+            a.axvline(wd_step, color="red", lw=2, alpha=0.6)
+        ax[0].set_title(f"ANOMALY {verdict.anomaly.kind} at step {wd_step}",
                         color="red", fontsize=11)
     else:
         ax[0].set_title(f"{run_dir.name}: step {max(xs or [0])}", fontsize=11)

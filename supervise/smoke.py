@@ -301,6 +301,17 @@ def run_resumed(run_dir: Path, command: list[str], timeout: float) -> list[Row]:
                         "from its last checkpoint"))]
 
 
+def check_verdict(run_dir: Path) -> Row:
+    """The watchdog's engine on the finished smoke run: the same verdict a watchdog would give."""
+    from .watch import assess
+    v = assess(run_dir).verdict
+    if v.state == "anomaly":
+        return Row("verdict", False, v.line[:300])
+    if v.state == "done":
+        return Row("verdict", True, "the watchdog's engine says OK done")
+    return Row("verdict", False, "the watchdog's engine sees no finished run (no sentinel of this attempt)")
+
+
 def smoke(run_dir: Path, command: list[str], script: Optional[Path], num_labels: Optional[int], margin: float,
           samples: Optional[int], epochs: float, window: Optional[float], timeout: float) -> list[Row]:
     rows = run_resumed(run_dir, command, timeout) if command else []
@@ -310,7 +321,8 @@ def smoke(run_dir: Path, command: list[str], script: Optional[Path], num_labels:
     known = start.get("num_labels")
     k = num_labels or (int(known) if is_finite(known) and 2 <= known <= 1e9 else 2)
     rows += [check_loss(steps, k, margin), check_auroc(evals, 0.1, 0.3), check_checkpoint(run_dir, script),
-             check_sentinel(run_dir), check_v5(script), check_projection(steps, samples, epochs, window)]
+             check_sentinel(run_dir), check_verdict(run_dir), check_v5(script),
+             check_projection(steps, samples, epochs, window)]
     return rows
 
 
