@@ -386,6 +386,7 @@ class TailReader:
     catchup: int = 8 << 20
     head: int = 64 << 10
     tail: int = 256 << 10
+    notable: bool = True      # re-attach: parse the middle's notable lines (False: head and tail only)
     offset: int = 0
     lines: int = 0
     bad_lines: int = 0
@@ -485,6 +486,12 @@ class TailReader:
         self.bytes_read += cut
         yield from self._split(data[:cut])
         pos = begin + cut
+        if not self.notable:  # a one-shot look (check-in): the tail alone, from a line boundary
+            f.seek(tail_from)
+            skip = f.read(self.max_line).find(b"\n") + 1 if tail_from > pos else 0
+            self.skipped_bytes += tail_from + skip - pos
+            self.offset = tail_from + skip if tail_from > pos else pos
+            return
         while pos < tail_from:  # the middle: only the notable lines
             f.seek(pos)
             data = f.read(min(self.chunk, tail_from - pos))

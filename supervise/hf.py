@@ -13,6 +13,7 @@ and raises ``FloatingPointError`` from the step where it happened.
 from __future__ import annotations
 
 import math
+import time
 
 from transformers import TrainerCallback
 
@@ -61,6 +62,7 @@ class TelemetryCallback(TrainerCallback):
         self._step_losses: list = []  # the current optimizer step's micro-batch losses (tensors)
         self._final: dict = {}
         self._eval_seconds = 0.0
+        self._save_seconds, self._save_started = 0.0, None
 
     # -- start
     def on_train_begin(self, args, state, control, model=None, **kw):
@@ -106,6 +108,9 @@ class TelemetryCallback(TrainerCallback):
             self._losses.append(raw)
         if control.should_evaluate and self._eval_seconds:  # announce the silence
             self.tm.expect(max(60.0, 2 * self._eval_seconds), "eval")
+        if control.should_save:  # a checkpoint of a large model can take minutes: announce it too
+            self._save_started = time.time()
+            self.tm.expect(max(120.0, 3 * self._save_seconds), "save")
         if state.global_step % self.every == 0 and not control.should_log:
             self.tm.step(state.global_step, self._mean_loss(), lr=_lr(kw.get("lr_scheduler")))
 
@@ -124,6 +129,11 @@ class TelemetryCallback(TrainerCallback):
             self.tm.eval(state.global_step, **evals)
             self._final.update(evals)
             self._eval_seconds = float(logs.get("eval_runtime") or 0.0)
+
+    def on_save(self, args, state, control, **kw):
+        if self._save_started is not None:
+            self._save_seconds = max(self._save_seconds, time.time() - self._save_started)
+            self._save_started = None
 
     def on_train_end(self, args, state, control, **kw):
         if self._hook is not None:

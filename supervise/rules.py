@@ -37,8 +37,8 @@ class Thresholds:
 
     poll: float = _th(30.0, "s", "seconds between polls of the metrics file", True)
     max_stall: float = _th(360.0, "s", "metrics file unmodified this long while the process lives: stall", True)
-    min_stall: float = _th(60.0, "s", "the learned stall (--stall-factor x the longest gap between records) is never shorter than this", True)
-    stall_factor: float = _th(5.0, "x", "once the run shows its rhythm (an eval, or 100 step records), a silence this many times its longest gap is a stall; 0 turns learning off")
+    min_stall: float = _th(120.0, "s", "the learned stall (--stall-factor x the longest gap between records) is never shorter than this", True)
+    stall_factor: float = _th(5.0, "x", "once the run shows its rhythm (20 step records and an eval, so that the longest gap holds an eval and a save), a silence this many times its longest gap is a stall; 0 turns learning off")
     startup_grace: float = _th(300.0, "s", "silence allowed before the first step record (tokenizing, loading weights)", True)
     orphan_grace: float = _th(10.0, "s", "no live process writes train.log this long (and none was seen): the run is judged from its log", True)
     rank_grace: float = _th(10.0, "s", "one of several run processes gone this long while the others live: dead", True)

@@ -110,7 +110,7 @@ class Watcher:
         self.log = Path(log) if log else self.run_dir / LOG
         self.sentinel = self.run_dir / sentinel
         self.metrics = self.run_dir / METRICS
-        self.reader = TailReader(str(self.metrics))
+        self.reader = TailReader(str(self.metrics), notable=not one_shot)
         self.rules = RecordRules(thresholds, num_labels_given)
         self.gpu = gpu
         self.clock = clock
@@ -238,7 +238,7 @@ class Watcher:
         rhythm; an announced silence (an expect record) extends it."""
         th, run = self.th, self.run
         after, why = th.max_stall, ""
-        shown = run.n_steps >= 20 and (run.n_evals >= 1 or run.n_steps >= 100)
+        shown = run.n_steps >= 20 and run.n_evals >= 1  # a run without evals keeps --max-stall (a save is silent too)
         if th.stall_factor > 0 and run.longest_gap > 0 and shown:
             learned = max(th.min_stall, th.stall_factor * run.longest_gap)
             if learned < after:

@@ -210,3 +210,15 @@ def test_reattach_reads_head_notable_lines_and_tail(tmp_path):
     assert len(recs) < 10000 and r.bad_lines == 0
     f.open("a").write(step % (200001, 1))
     assert [x["step"] for x in r.records()] == [200001]
+
+
+def test_a_one_shot_reader_reads_head_and_tail_only(tmp_path):
+    f = tmp_path / "metrics.jsonl"
+    step = '{"step": %d, "t": %d, "loss": 0.5, "lr": 0.001, "grad_norm": 1.0, "sps": 100}\n'
+    with open(f, "w") as out:
+        out.write('{"event": "start", "t": 0, "run_id": "r"}\n')
+        out.write("".join(step % (i, i) for i in range(1, 100001)))
+    r = TailReader(str(f), catchup=1 << 20, head=16 << 10, tail=16 << 10, notable=False)
+    recs = list(r.records())
+    assert recs[0]["run_id"] == "r" and recs[-1]["step"] == 100000 and r.bad_lines == 0
+    assert r.bytes_read < 64 << 10 and len(recs) < 1000
