@@ -21,8 +21,8 @@ from .contract import is_finite, is_number, kind_of
 from .logs import is_fallout, last_error, oom_line  # (log knowledge lives in logs.py)
 
 # Every kind, most specific first: when several hold in one poll the first one is reported.
-KINDS = ("blind", "nan", "fatal", "oom", "crash", "node_fail", "preempted", "dead", "rank_hang",
-         "stall", "no_telemetry", "no_progress", "diverged", "loss_spike", "inverted_labels",
+KINDS = ("blind", "nan", "fatal", "oom", "crash", "node_fail", "preempted", "diverged", "loss_spike",
+         "dead", "rank_hang", "stall", "no_telemetry", "no_progress", "inverted_labels",
          "stuck_auroc", "chance_loss", "grad_explode", "grad_collapse", "overfit", "throughput",
          "straggler", "gpu_idle", "timeout")
 
@@ -372,8 +372,8 @@ class Diverged(RecordRule):
         return anomaly("diverged", f"median loss of the last {n} = {_g(med)} > {_g(limit)} "
                        f"({self.th.diverge_factor:g} x max(chance {_g(self.run.chance or 0.0)}, best median "
                        f"{_g(self.best)}))", rec["step"],
-                       f"The loss diverged and stays finite: halve the learning rate{self.run.lr_note()} "
-                       "(or add warm-up and clipping) and restart from the last checkpoint before the rise")
+                       f"The loss diverged and stays finite: halve the learning rate{self.run.lr_note()}, or add "
+                       "warm-up and clipping, and restart from the last checkpoint before the rise")
 
 
 class LossSpike(RecordRule):
