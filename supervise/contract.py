@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import mmap
 import os
 import stat
 import tempfile
@@ -452,29 +453,28 @@ class TailReader:
                 yield from self._split(data)
 
     def _last_start(self, f, end: int) -> int:
-        """Offset of the line holding the last start record, 0 when there is none."""
-        pos, overlap = end, 64
-        while pos > 0:
-            lo = max(0, pos - self.chunk)
-            f.seek(lo)
-            data = f.read(min(pos + overlap, end) - lo)
-            i = len(data)
+        """Offset of the line holding the last start record, 0 when there is none. A backward
+        search over a memory map: no copy of the file, page-cache speed."""
+        try:
+            data = mmap.mmap(f.fileno(), end, access=mmap.ACCESS_READ)
+        except (OSError, ValueError):
+            return 0
+        with data:
+            i = end
             while True:
                 i = data.rfind(b'"start"', 0, i)
                 if i < 0:
-                    break
+                    return 0
                 line_start = data.rfind(b"\n", 0, i) + 1
-                if line_start == 0 and lo > 0:
-                    break  # the line begins in the previous chunk: found there, with its start
                 line_end = data.find(b"\n", i)
+                line_end = end if line_end < 0 else line_end
+                if line_end - line_start > self.max_line:
+                    continue
                 try:
-                    rec = parse_line(data[line_start:line_end if line_end >= 0 else len(data)])
-                    if kind_of(rec) == "start":
-                        return lo + line_start
+                    if kind_of(parse_line(data[line_start:line_end])) == "start":
+                        return line_start
                 except ValueError:
                     pass
-            pos = lo
-        return 0
 
     def _catch_up(self, f, end: int) -> Iterator[dict]:
         begin = self._last_start(f, end)

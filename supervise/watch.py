@@ -110,7 +110,8 @@ class Watcher:
         self.log = Path(log) if log else self.run_dir / LOG
         self.sentinel = self.run_dir / sentinel
         self.metrics = self.run_dir / METRICS
-        self.reader = TailReader(str(self.metrics), notable=not one_shot)
+        self.reader = TailReader(str(self.metrics)) if not one_shot else \
+            TailReader(str(self.metrics), notable=False, head=32 << 10, tail=64 << 10)  # a check-in: cheap
         self.rules = RecordRules(thresholds, num_labels_given)
         self.gpu = gpu
         self.clock = clock
