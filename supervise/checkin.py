@@ -11,8 +11,7 @@ from typing import Optional
 
 from . import registry
 from .cli import EXIT_OK, EXIT_USAGE, Parser, count
-from .contract import LOG, METRICS, SENTINEL, WATCHDOG_STATE, is_finite, is_number, kind_of, parse_line, \
-    read_json, sanitize, tail_lines
+from .contract import LOG, METRICS, SENTINEL, WATCHDOG_STATE, is_finite, is_number, read_json
 from .logs import last_error, log_tail, oom_line
 from .probes import Nvml, disk_free, process
 from .ranks import rank_lines
@@ -21,7 +20,6 @@ from .rules import Thresholds
 from .watch import WatchState, assess
 
 LIMIT = 1500
-TAIL_BYTES = 256 << 10
 SKIP_DIRS = {".git", "node_modules", ".venv", "venv", "__pycache__", "checkpoints", "tb", ".cache"}
 
 
@@ -41,22 +39,6 @@ def find_run(cwd: Path, depth: int = 4) -> Optional[Path]:
             if m > best_m:
                 best, best_m = Path(root), m
     return best
-
-
-def _records(path: Path, max_bytes: int = TAIL_BYTES) -> list:
-    """The sanitized records of the current run found in the tail of the metrics file."""
-    out = []
-    for raw in tail_lines(path, 100000, max_bytes):
-        try:
-            rec = sanitize(parse_line(raw))
-        except ValueError:
-            continue
-        if rec is None:
-            continue
-        if kind_of(rec) == "start":
-            out = []
-        out.append(rec)
-    return out
 
 
 def _age(seconds: Optional[float]) -> str:
@@ -123,10 +105,8 @@ def gather(run_dir: Path, k: int = 5, now: Optional[float] = None, gpu=None) -> 
     th = Thresholds.from_dict(wd.thresholds if wd else None)
     w = assess(run_dir, th, gpu=gpu, slurm_job=wd.slurm_job if wd else None)
     verdict, message = _verdict(w, wd)
-    recs = _records(metrics) if mtime is not None else []
     start = w.start or None
-    steps = [r for r in recs if kind_of(r) == "step"]
-    evals = [r for r in recs if kind_of(r) == "eval"]
+    steps, evals = list(w.run.steps), list(w.run.evals)  # what the engine read: no second pass
     fatal = w.run.fatal
     final = read_json(run_dir / SENTINEL) if verdict == "DONE" else None
     procs = w.last_procs
@@ -146,7 +126,6 @@ def gather(run_dir: Path, k: int = 5, now: Optional[float] = None, gpu=None) -> 
     eta = None
     if verdict == "RUNNING healthy" and total and total > step and recent_sps and per_step:
         eta = (total - step) / (sorted(recent_sps)[len(recent_sps) // 2] / per_step)
-    finite_evals = [e for e in evals if is_finite(e.get("eval_auroc"))]
     return {
         "run_dir": str(run_dir), "verdict": verdict, "metrics_age_s": age,
         "watchdog_message": message, "fatal": (fatal or {}).get("FATAL"),
@@ -157,7 +136,7 @@ def gather(run_dir: Path, k: int = 5, now: Optional[float] = None, gpu=None) -> 
         "steps": [{f: r.get(f) for f in ("step", "loss", "lr", "grad_norm", "sps")} for r in steps[-k:]] if k else [],
         "loss_trend": [steps[0].get("loss"), last.get("loss")] if len(steps) > 1 else None,
         "eval": {kk: v for kk, v in evals[-1].items() if kk == "step" or kk.startswith("eval_")} if evals else None,
-        "best_eval": max(finite_evals, key=lambda e: e["eval_auroc"]) if finite_evals else None,
+        "best_eval": w.run.best_eval,
         "auroc_trend": [e.get("eval_auroc") for e in evals[-4:] if "eval_auroc" in e],
         "final": final if isinstance(final, dict) else None,
         "watchdog": None if wd is None else {

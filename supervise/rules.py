@@ -17,7 +17,7 @@ from collections import deque
 from dataclasses import dataclass, field, fields
 from typing import Optional
 
-from .contract import is_finite, is_number, kind_of
+from .contract import is_finite, kind_of
 from .logs import is_fallout, last_error, oom_line  # (log knowledge lives in logs.py)
 
 # Every kind, most specific first: when several hold in one poll the first one is reported.
@@ -132,6 +132,7 @@ class Run:
         self.n_steps = self.n_evals = self.unknown = 0
         self.last_eval: Optional[dict] = None
         self.best_eval: Optional[dict] = None
+        self.evals: deque = deque(maxlen=8)     # the latest eval records, for check-in's trend
         self.fatal: Optional[dict] = None
         self.expect: Optional[dict] = None      # the latest announced silence, until a record follows
         self.longest_gap = 0.0                  # s between consecutive records (record time t)
@@ -180,6 +181,7 @@ class Run:
         elif kind == "eval":
             self.n_evals += 1
             self.last_eval = rec
+            self.evals.append(rec)
             auroc = rec.get("eval_auroc")
             if is_finite(auroc) and (self.best_eval is None or auroc > self.best_eval.get("eval_auroc", -1)):
                 self.best_eval = rec

@@ -22,7 +22,7 @@ from . import registry
 from . import slurm as sl
 from .cli import EXIT_ANOMALY, EXIT_OK, EXIT_USAGE, Parser, count, duration, fraction, positive_float, \
     positive_int, run_dir_arg
-from .contract import LOG, METRICS, SENTINEL, WATCHDOG_STATE, TailReader, atomic_write_json, is_finite, \
+from .contract import LOG, METRICS, SENTINEL, WATCHDOG_STATE, TailReader, atomic_write_json, \
     is_number, read_json, why_unreadable
 from .logs import cgroup_dir, is_fallout, kernel_oom_lines, killed_reason, log_tail, oom_kills, root_cause
 from .probes import GpuReport, Nvml, ProcessWatch, log_writers
