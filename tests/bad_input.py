@@ -74,3 +74,36 @@ def assert_refused(r: Result, needle: str, progress: str = "", bound: float = BO
     assert len(lines) == 1, r.err[-3000:]
     assert needle in lines[0], (needle, lines[0])
     assert r.seconds < bound
+
+
+STEP = '{"step": %d, "t": %s, "loss": 0.5, "lr": 0.001, "grad_norm": 1.0, "sps": 100}\n'
+
+
+def steps(t="1") -> str:
+    """Five valid step records (``t`` as given: a string to test untrusted values)."""
+    return "".join(STEP % (i * 10, t) for i in range(1, 6))
+
+
+def make_run_dir(work: Path, name: str, metrics=None, files=None) -> Path:
+    """``work/runs/NAME`` holding ``metrics.jsonl`` and any other ``files`` (name -> text)."""
+    d = work / "runs" / name
+    d.mkdir(parents=True)
+    if metrics is not None:
+        (d / "metrics.jsonl").write_text(metrics)
+    for fname, text in (files or {}).items():
+        (d / fname).write_text(text)
+    return d
+
+
+def make_not_regular(path: Path, kind: str) -> None:
+    """Put something that is not a regular file at ``path``: a fifo, a link_to_fifo, a
+    link_to_dev_zero or a directory."""
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "link_to_fifo":
+        os.mkfifo(path.with_name("pipe"))
+        path.symlink_to(path.with_name("pipe"))
+    elif kind == "link_to_dev_zero":
+        path.symlink_to("/dev/zero")
+    else:
+        path.mkdir()

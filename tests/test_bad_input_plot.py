@@ -1,43 +1,20 @@
 """plot.py on bad input: a usage or unreadable-file error is one line and exit 2; untrusted values
 in metrics.jsonl or watchdog.json still give the PNG; never a traceback or a hang."""
 import json
-import os
 
 import pytest
 
-from bad_input import assert_refused, replay, snapshot, user_folder
+from bad_input import make_not_regular, make_run_dir, steps, assert_refused, replay, snapshot, user_folder
 
 pytest.importorskip("matplotlib")
-STEP = '{"step": %d, "t": %s, "loss": 0.5, "lr": 0.001, "grad_norm": 1.0, "sps": 100}\n'
-
-
-def steps(t="1"):
-    return "".join(STEP % (i * 10, t) for i in range(1, 6))
-
-
 def run_dir(work, metrics=None, files=None):
-    d = work / "runs" / "p"
-    d.mkdir(parents=True)
-    if metrics is not None:
-        (d / "metrics.jsonl").write_text(metrics)
-    for name, text in (files or {}).items():
-        (d / name).write_text(text)
-    return d
+    return make_run_dir(work, "p", metrics, files)
 
 
 def _metrics_is(kind):
     def make(work):
         d = run_dir(work)
-        m = d / "metrics.jsonl"
-        if kind == "fifo":
-            os.mkfifo(m)
-        elif kind == "link_to_fifo":
-            os.mkfifo(d / "pipe")
-            m.symlink_to(d / "pipe")
-        elif kind == "link_to_dev_zero":
-            m.symlink_to("/dev/zero")
-        else:
-            m.mkdir()
+        make_not_regular(d / "metrics.jsonl", kind)
         return d
     return make
 

@@ -5,38 +5,16 @@ import sys
 
 import pytest
 
-from bad_input import LONG_DIGITS, assert_refused, replay, snapshot, user_folder
-
-STEP = '{"step": %d, "t": %s, "loss": 0.5, "lr": 0.001, "grad_norm": 1.0, "sps": 100}\n'
-
-
-def steps(t="1"):
-    return "".join(STEP % (i * 10, t) for i in range(1, 6))
-
+from bad_input import make_not_regular, make_run_dir, steps, LONG_DIGITS, assert_refused, replay, snapshot, user_folder
 
 def run_dir(work, metrics=None, extra=None):
-    d = work / "runs" / "s"
-    d.mkdir(parents=True)
-    if metrics is not None:
-        (d / "metrics.jsonl").write_text(metrics)
-    for name, text in (extra or {}).items():
-        (d / name).write_text(text)
-    return d
+    return make_run_dir(work, "s", metrics, extra)
 
 
 def _metrics_is(kind):
     def make(work):
         d = run_dir(work)
-        m = d / "metrics.jsonl"
-        if kind == "fifo":
-            os.mkfifo(m)
-        elif kind == "link_to_fifo":
-            os.mkfifo(d / "pipe")
-            m.symlink_to(d / "pipe")
-        elif kind == "link_to_dev_zero":
-            m.symlink_to("/dev/zero")
-        else:
-            m.mkdir()
+        make_not_regular(d / "metrics.jsonl", kind)
         return [d]
     return make
 
