@@ -17,10 +17,8 @@ import time
 
 from transformers import TrainerCallback
 
-from supervise.telemetry import Telemetry
+from supervise.telemetry import Telemetry, check_overrides
 
-OVERRIDES = {"task", "num_labels", "vocab_size", "total_steps", "batch_size", "world_size", "rank", "attempt",
-             "resume"}
 
 
 def model_task(model) -> dict:
@@ -52,10 +50,7 @@ class TelemetryCallback(TrainerCallback):
     """
 
     def __init__(self, run_dir, *, every: int = 10, **overrides):
-        unknown = set(overrides) - OVERRIDES
-        if unknown:
-            raise TypeError(f"TelemetryCallback got unknown arguments {sorted(unknown)}; it takes {sorted(OVERRIDES)}")
-        self.run_dir, self.every, self.overrides = str(run_dir), max(int(every), 1), overrides
+        self.run_dir, self.every, self.overrides = str(run_dir), max(int(every), 1), check_overrides(overrides)
         self.tm: Telemetry | None = None
         self._hook = None
         self._losses: list = []  # raw per-step losses (floats) since the last step record

@@ -20,10 +20,8 @@ try:
 except ImportError:  # the older package name
     import pytorch_lightning as pl
 
-from supervise.telemetry import Telemetry
+from supervise.telemetry import Telemetry, check_overrides
 
-OVERRIDES = {"task", "num_labels", "vocab_size", "total_steps", "batch_size", "world_size", "rank", "attempt",
-             "resume"}
 
 VAL_PREFIXES = ("validation_", "validation/", "valid_", "valid/", "val_", "val/", "eval_", "eval/")
 
@@ -41,10 +39,7 @@ class TelemetryCallback(pl.Callback):
     total_steps, batch_size, world_size, rank, attempt, resume). task defaults to "other"."""
 
     def __init__(self, run_dir, *, every: int = 10, **overrides):
-        unknown = set(overrides) - OVERRIDES
-        if unknown:
-            raise TypeError(f"TelemetryCallback got unknown arguments {sorted(unknown)}; it takes {sorted(OVERRIDES)}")
-        self.run_dir, self.every, self.overrides = str(run_dir), max(int(every), 1), overrides
+        self.run_dir, self.every, self.overrides = str(run_dir), max(int(every), 1), check_overrides(overrides)
         self.tm: Telemetry | None = None
         self._losses: list = []
         self._grad_norm = None

@@ -185,3 +185,17 @@ class Telemetry:
         if fd is not None:
             os.write(fd, (json.dumps(rec, default=str) + "\n").encode())  # one write per line
 # --- telemetry: end ---
+
+
+# What the framework callbacks (supervise.hf, supervise.lightning) let a user override.
+OVERRIDES = {"task", "num_labels", "vocab_size", "total_steps", "batch_size", "world_size", "rank", "attempt",
+             "resume"}
+
+
+def check_overrides(overrides: dict) -> dict:
+    """``overrides`` when every key is a ``Telemetry`` argument a callback may set; TypeError
+    naming the unknown ones otherwise (a misspelt argument fails at once, not hours later)."""
+    unknown = set(overrides) - OVERRIDES
+    if unknown:
+        raise TypeError(f"TelemetryCallback got unknown arguments {sorted(unknown)}; it takes {sorted(OVERRIDES)}")
+    return overrides
