@@ -358,3 +358,28 @@ def killed_reason(pid: Optional[int], before: Optional[int] = None, after: Optio
     if kernel:
         return Killed(True, f"killed by the OOM killer (kernel: {kernel[-1][:160]})")
     return Killed(False, KILLED_NOT_OOM)
+
+
+# --- a full disk ------------------------------------------------------------------------------
+# What a full disk prints, reproduced on a full tmpfs (torch 2.13, safetensors 0.8, numpy):
+#   json.dump / open().write:     OSError: [Errno 28] No space left on device
+#   safetensors (HF save_pretrained): SafetensorError: Error while serializing: I/O error: No space
+#                                 left on device (os error 28)
+#   torch.save (zip writer):      RuntimeError: basic_ios::clear: iostream error, then
+#                                 RuntimeError: [enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534
+#                                 (older torch, as reported in many trackers: "[enforce fail at inline_container.cc:471] .
+#                                 PytorchStreamWriter failed writing file data/3: file write failed"; pytorch#175248: some
+#                                 builds abort with "terminate called after throwing an instance of 'std::__ios_failure'")
+#   torch.save (legacy format):   RuntimeError: write(): fd 3 failed with No space left on device
+#   numpy.save:                   OSError: 1000000 requested and 131056 written
+#   a quota (EDQUOT; not reproduced here): OSError: [Errno 122] Disk quota exceeded
+ENOSPC = re.compile("|".join((
+    r"No space left on device", r"\bENOSPC\b", r"Errno 28\b", r"os error 28\b", r"[Dd]isk quota exceeded",
+    r"\bEDQUOT\b", r"Errno 122\b", r"PytorchStreamWriter failed writing file", r"std::__ios_failure",
+    r"inline_container\.cc.*unexpected pos \d+ vs \d+", r"\d+ requested and \d+ written",
+)))
+
+
+def enospc_line(lines) -> Optional[str]:
+    """The last line of ``lines`` saying the disk (or the quota) is full, or None."""
+    return next((ln.strip() for ln in reversed(lines) if ENOSPC.search(ln)), None)

@@ -21,7 +21,7 @@ from .contract import is_finite, kind_of
 from .logs import is_fallout, last_error, oom_line  # (log knowledge lives in logs.py)
 
 # Every kind, most specific first: when several hold in one poll the first one is reported.
-KINDS = ("blind", "nan", "fatal", "oom", "crash", "node_fail", "preempted", "diverged", "loss_spike",
+KINDS = ("blind", "nan", "fatal", "oom", "disk", "crash", "node_fail", "preempted", "diverged", "loss_spike",
          "dead", "rank_hang", "stall", "no_telemetry", "no_progress", "inverted_labels",
          "stuck_auroc", "chance_loss", "grad_explode", "grad_collapse", "overfit", "throughput",
          "straggler", "gpu_idle", "timeout")
@@ -64,6 +64,8 @@ class Thresholds:
     straggler_ratio: float = _th(0.75, "fraction", "a rank whose sps stays below this fraction of the others' median for --throughput-window: straggler")
     gpu_idle: float = _th(300.0, "s", "the run's GPUs below --gpu-idle-util this long after the startup grace: gpu_idle", True)
     gpu_idle_util: float = _th(5.0, "%", "GPU utilization under this counts as idle")
+    disk_margin: float = _th(1.5, "x", "the next checkpoint save needs this many times the measured bytes per save free on the checkpoints' file system: disk")
+    disk_min_saves: int = _th(5, "saves", "complete saves seen staying on disk (none deleted) before the run's remaining saves are projected against the free space; a rotation shows itself only at its limit, a declared save_total_limit at once")
 
     @classmethod
     def from_dict(cls, d) -> "Thresholds":

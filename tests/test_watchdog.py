@@ -225,7 +225,8 @@ def test_durations_accept_units(tmp_path, trainer):
 ELSEWHERE = {"dead": "test_real_signal_is_caught_within_one_poll", "stall": "test_real_signal_is_caught_within_one_poll",
              "gpu_idle": "test_gpu_idle_through_injected_probe", "blind": "test_blind_watchdog_says_so",
              "overfit": "test_rules.py", "rank_hang": "test_ranks.py", "straggler": "test_ranks.py",
-             "node_fail": "test_slurm.py", "preempted": "test_slurm.py", "no_progress": "test_recovery.py"}
+             "node_fail": "test_slurm.py", "preempted": "test_slurm.py", "no_progress": "test_recovery.py",
+             "disk": "test_checkpoints.py"}
 
 
 def test_every_kind_has_a_scenario():
