@@ -1,5 +1,6 @@
 """What one watchdog poll costs on a huge metrics file, next to re-reading the whole file (what
-a naive watchdog does), and how many polls pass from a fault to the watchdog's exit.
+a naive watchdog does), how many polls pass from a fault to the watchdog's exit, and what the
+checkpoint probe adds to a poll (50 unchanged checkpoints: HF folders, Lightning files).
 
     python benchmarks/poll.py [--lines 2000000] [--poll 0.5]
 
@@ -14,11 +15,13 @@ import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from supervise.checkpoints import CheckpointWatch  # noqa: E402
 from supervise.rules import Thresholds  # noqa: E402
 from supervise.watch import Watcher  # noqa: E402
 
@@ -83,6 +86,43 @@ def poll_cost(lines: int) -> dict:
             "naive_s": min(naive), "ratio": min(naive) / poll}
 
 
+def _safetensors(path: Path, n: int) -> None:
+    header = json.dumps({"w": {"dtype": "F32", "shape": [n], "data_offsets": [0, 4 * n]}}).encode()
+    path.write_bytes(len(header).to_bytes(8, "little") + header + bytes(4 * n))
+
+
+def checkpoint_poll_cost(n: int = 50, polls: int = 2000) -> dict:
+    """Median seconds of CheckpointWatch.poll on a folder of ``n`` unchanged checkpoints, after a
+    first poll that reads them all: HF checkpoint-N folders, and Lightning .ckpt files (each
+    re-stat'ed: a save may overwrite one in place)."""
+    out = {}
+    with tempfile.TemporaryDirectory() as d:
+        hf, pl = Path(d) / "hf", Path(d) / "pl"
+        pl.mkdir()
+        for i in range(1, n + 1):
+            c = hf / f"checkpoint-{i * 100}"
+            c.mkdir(parents=True)
+            _safetensors(c / "model.safetensors", 1000)
+            (c / "trainer_state.json").write_text(json.dumps({"global_step": i * 100}))
+            with zipfile.ZipFile(pl / f"epoch=0-step={i * 100}.ckpt", "w") as z:
+                z.writestr("archive/data.pkl", b"\x80\x02}q\x00.")
+                z.writestr("archive/data/0", bytes(4000))
+        for name, folder in (("hf", hf), ("lightning", pl)):
+            w = CheckpointWatch([folder])
+            t0 = time.perf_counter()
+            first = w.poll(time.time())
+            out[f"{name}_first_s"] = time.perf_counter() - t0
+            assert len(first.checkpoints) == n and all(c.complete for c in first.checkpoints)
+            costs = []
+            for _ in range(polls):
+                t0 = time.perf_counter()
+                w.poll(time.time())
+                costs.append(time.perf_counter() - t0)
+            out[f"{name}_s"] = statistics.median(costs)
+            out[f"{name}_p95_s"] = sorted(costs)[int(len(costs) * 0.95)]
+    return out
+
+
 def latency(kind: str, poll: float) -> float:
     """Polls from the fault to the watchdog's exit (stall: counted after max-stall runs out)."""
     fake = ROOT / "tests" / "fake_trainer.py"
@@ -131,6 +171,11 @@ def main():
           f"{r['bytes_per_poll']:.0f} bytes read")
     print(f"re-reading the whole file: {r['naive_s']:.2f} s")
     print(f"ratio: {r['ratio']:,.0f}x cheaper per poll (target >= 1000x)")
+    c = checkpoint_poll_cost()
+    for name, what in (("hf", "50 HF checkpoint-N folders"), ("lightning", "50 Lightning .ckpt files")):
+        print(f"checkpoint probe, steady poll over {what}: median {c[name + '_s'] * 1e6:.0f} us, "
+              f"p95 {c[name + '_p95_s'] * 1e6:.0f} us (first poll {c[name + '_first_s'] * 1e3:.1f} ms); "
+              f"with the metrics poll {(r['poll_s'] + c[name + '_s']) * 1e3:.3f} ms (target <= 1 ms)")
     for kind in ("dead", "nan", "stall"):
         n = latency(kind, a.poll)
         extra = " after max-stall" if kind == "stall" else ""
