@@ -145,7 +145,7 @@ class Observer:
         for pid, why in self.known.items():
             info = self.procs.read(pid)
             state = info.state
-            born = info.create_time
+            born = info.create_time or self.procs.birth.get(pid)  # a gone process keeps the birth first seen
             if why == "start record" and is_finite(start_t) and born and born > start_t + 2:
                 state = "gone"   # that pid was reused by another process after the trainer ended
             if why == "launch record" and launch and is_finite(launch.get("create_time")) and born \
@@ -155,7 +155,7 @@ class Observer:
             out.append((pid, why, state, born, False, recorded_here))
         for pid, ppid in self.parents.items():
             info = self.procs.read(pid)
-            out.append((pid, f"child of {ppid}", info.state, info.create_time, True, False))
+            out.append((pid, f"child of {ppid}", info.state, info.create_time or self.procs.birth.get(pid), True, False))
         procs = []
         for pid, why, state, born, child, recorded_here in out:
             alive = state not in GONE

@@ -133,18 +133,16 @@ def rule_crash(obs, th):
     if err is None:
         return None
     who = _who_died(obs)
-    return anomaly("crash", f"last traceback line = {err[:200]!r} after {who} died", obs.records.last_step,
+    return anomaly("crash", f"last error line = {err[:200]!r} after {who}", obs.records.last_step,
                    "Fix that error (checkin.py shows the log tail), then relaunch from the last checkpoint")
 
 
 def _who_died(obs: Observation) -> str:
-    gone = [p for p in _roots(obs) if not p.alive]
     if obs.relaunch is not None and not obs.relaunch.alive:
         p = obs.relaunch
-        return f"the relaunch (pid {p.pid}, {p.why}) before its start record"
-    if gone:
-        return f"pid {gone[0].pid} ({gone[0].why})"
-    return "the process"
+        return f"the relaunch (pid {p.pid}, {p.why}) died before its start record"
+    gone = [p for p in _roots(obs) if not p.alive]
+    return f"pid {gone[0].pid} ({gone[0].why}) died" if gone else "the process died"
 
 
 def rule_dead(obs, th):
