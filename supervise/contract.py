@@ -1,4 +1,4 @@
-"""The telemetry contract: record shapes, a writer, a validator and a tail reader.
+"""The telemetry contract: record shapes, a validator and a tail reader (writers: telemetry.py).
 
 One JSON object per line in ``RUN_DIR/metrics.jsonl``:
 
@@ -19,7 +19,6 @@ import mmap
 import os
 import stat
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -279,37 +278,6 @@ def dumps(rec: dict) -> str:
     return json.dumps(rec, separators=(",", ":")) + "\n"
 
 
-class MetricsWriter:
-    """Appends records, one ``os.write`` per line on an O_APPEND descriptor: a reader sees
-    whole lines or a torn tail, never two writers' bytes interleaved in one line."""
-
-    def __init__(self, path: str | os.PathLike):
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self.path = str(path)
-        self.t0 = time.monotonic()
-        self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-
-    def write(self, rec: dict) -> None:
-        rec.setdefault("t", round(time.monotonic() - self.t0, 3))
-        os.write(self.fd, dumps(rec).encode())
-
-    def start(self, **fields) -> None:
-        self.write({"event": "start", "t": 0, "pid": os.getpid(), **fields})
-
-    def step(self, step: int, loss, lr, grad_norm, sps, **extra) -> None:
-        self.write({"step": step, "t": round(time.monotonic() - self.t0, 3), "loss": loss,
-                    "lr": lr, "grad_norm": grad_norm, "sps": sps, **extra})
-
-    def eval(self, step: int, eval_auroc, eval_acc, **extra) -> None:
-        self.write({"step": step, "eval_auroc": eval_auroc, "eval_acc": eval_acc, **extra})
-
-    def fatal(self, step: int, reason: str) -> None:
-        self.write({"step": step, "t": round(time.monotonic() - self.t0, 3), "FATAL": reason})
-
-    def close(self) -> None:
-        os.close(self.fd)
-
-
 def atomic_write_json(path: str | os.PathLike, obj) -> None:
     """Write JSON to a temporary file in the same folder, then rename it over ``path``."""
     path = Path(path)
@@ -348,7 +316,7 @@ _NOTABLE = (b"NaN", b"Infinity", b"null", b"FATAL", b'"eval_', b'"event"')
 # Every byte of a plain step record (the contract's keys, numbers, punctuation). A chunk made of
 # these alone holds no notable token (each has a byte outside: N, I, F, the u of null, the v of
 # eval/event), so one translate pass skips it without six searches.
-_PLAIN = b'{}[]"0123456789.,:-+eE \t\r\n' + b"steplossrgadnum_"
+_PLAIN = b'{}[]"0123456789.,:-+eE \t\r\n' + b"steplossrgadnm_"
 
 
 def _notable_lines(data: bytes) -> list:

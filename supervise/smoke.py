@@ -303,8 +303,8 @@ def run_resumed(run_dir: Path, command: list[str], timeout: float) -> list[Row]:
 
 def check_verdict(run_dir: Path) -> Row:
     """The watchdog's engine on the finished smoke run: the same verdict a watchdog would give."""
-    from .watch import assess
-    v = assess(run_dir).verdict
+    from .engine import assess
+    v = assess(run_dir)[2]
     if v.state == "anomaly":
         return Row("verdict", False, v.line[:300])
     if v.state == "done":
