@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Optional
 
 from . import registry
+from .checkpoints import resume_lines
 from .cli import EXIT_OK, EXIT_USAGE, Parser, count
 from .contract import METRICS, WATCHDOG_STATE, is_finite, is_number, read_json
 from .engine import assess
@@ -97,13 +98,24 @@ def _next(run_dir: Path, obs, verdict, wd: Optional[WatchState], wd_alive: bool)
     return [line, watchdog_line(run_dir) + flags]
 
 
+def _resume(obs) -> list:
+    """The checkpoint a relaunch would use and the ones it skips (torn, poisoned: written at or
+    after the first non-finite record), when the run's checkpoint folders are known."""
+    if obs.disk is None:
+        return []
+    bad = obs.records.hits.get("nan")
+    return resume_lines(obs.disk.checkpoints, bad.step if bad is not None else None)[:4]
+
+
 def gather(run_dir: Path, k: int = 5, now: Optional[float] = None, gpu=None) -> dict:
     """Every fact of the check-in as a dict (``--json`` prints it): one look by the watchdog's
     own observer and judge, rendered."""
     now = now or time.time()
     wd = WatchState.from_json(read_json(run_dir / WATCHDOG_STATE))
     th = Thresholds.from_dict(wd.thresholds if wd else None)
-    _, obs, verdict = assess(run_dir, th, gpu=gpu, slurm_job=wd.slurm_job if wd else None)
+    flags = wd.argv if wd else []
+    ckpt_dirs = tuple(v for k, v in zip(flags, flags[1:]) if k == "--checkpoint-dir")
+    _, obs, verdict = assess(run_dir, th, gpu=gpu, slurm_job=wd.slurm_job if wd else None, checkpoint_dirs=ckpt_dirs)
     said = _said(wd, obs.records.start)
     if said is not None:
         obs = dataclasses.replace(obs, watchdog_said=said)
@@ -164,6 +176,8 @@ def gather(run_dir: Path, k: int = 5, now: Optional[float] = None, gpu=None) -> 
                                                  + (f" on {obs.slurm.nodes}" if obs.slurm.nodes else "")),
         "gpu": list(obs.gpu_lines),
         "disk_free_gb": (lambda d: d[0] / 1e9 if d else None)(disk_free(str(run_dir / "checkpoints"))),
+        "disk": obs.disk.line() if obs.disk is not None else None,
+        "resume": _resume(obs),
         "last_error": err,
     }
 
@@ -178,6 +192,8 @@ def render(f: dict, limit: int = LIMIT) -> str:
         head.append(f"FATAL: {f['fatal'][:300]}")
     head += [f"note: {x}" for x in f.get("notes") or []]
     head += [f"next: {x}" for x in f.get("next") or []]
+    if f.get("next"):
+        head += f.get("resume") or []
     head += [f"warning: {x[len('ANOMALY '):][:300]}" for x in f.get("warnings") or []]
     if f["last_error"] and f["verdict"] != "DONE":
         head.append(f"last error: {f['last_error'][:300]}")
@@ -215,7 +231,11 @@ def render(f: dict, limit: int = LIMIT) -> str:
         rss = f", rss {p['rss_mb']:.0f} MB" if p["rss_mb"] else ""
         body.append(f"process {p['pid']} ({p['why']}): {p['state']}{cpu}{rss}")
     body += [f"gpu: {g}" if g.startswith("no GPU") else g for g in f["gpu"][:8]]
-    if f["disk_free_gb"] is not None:
+    if not f.get("next"):
+        body += f.get("resume") or []
+    if f.get("disk"):
+        body.append(f["disk"])
+    elif f["disk_free_gb"] is not None:
         body.append(f"disk free: {f['disk_free_gb']:.1f} GB")
     out, used = [], 0
     for line in head + body:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Optional
 
 from . import slurm as sl
+from .checkpoints import CheckpointWatch, checkpoint_dirs, declared_keep
 from .contract import LOG, METRICS, SENTINEL, TailReader, is_finite, is_number, read_json, why_unreadable
 from .logs import cgroup_dir, kernel_oom_lines, killed_reason, log_tail, oom_kills, root_cause
 from .observation import GONE, Observation, Proc, Records, Verdict, frozen
@@ -46,7 +47,8 @@ class Observer:
 
     def __init__(self, run_dir, thresholds: Thresholds = Thresholds(), pids=(), log=None,
                  sentinel: str = SENTINEL, gpu=None, num_labels_given: bool = False, clock=time.time,
-                 one_shot: bool = False, slurm_job: Optional[str] = None, slurm_runner=None):
+                 one_shot: bool = False, slurm_job: Optional[str] = None, slurm_runner=None,
+                 checkpoint_dirs: tuple = ()):
         self.run_dir = Path(run_dir)
         self.th = thresholds
         self.explicit_pids = tuple(pids)
@@ -78,6 +80,8 @@ class Observer:
         self.slurm_running_since: Optional[float] = None
         self.idle_since: Optional[float] = None
         self.last: Optional[Observation] = None
+        self.explicit_checkpoint_dirs = tuple(str(d) for d in checkpoint_dirs)
+        self._ckpt: tuple = (None, None)      # (dirs and run_id, CheckpointWatch or None)
 
     @property
     def run(self):
@@ -265,6 +269,15 @@ class Observer:
                 f"steps/s) + --startup-grace")
         return None, "no plan: no --hard-timeout, no launch window, no total_steps and step rate yet"
 
+    def _disk(self, now: float, start: dict):
+        """The checkpoint probe's DiskState: --checkpoint-dir, else the start record's
+        checkpoint_dir, else RUN_DIR/checkpoints once it exists; a new probe per attempt."""
+        dirs = checkpoint_dirs(self.run_dir, start, self.explicit_checkpoint_dirs)
+        key = (tuple(dirs), start.get("run_id"))
+        if key != self._ckpt[0]:
+            self._ckpt = (key, CheckpointWatch(dirs, declared_keep(self.run_dir, start)) if dirs else None)
+        return self._ckpt[1].poll(now) if self._ckpt[1] is not None else None
+
     def _records(self) -> Records:
         run, rules = self.run, self.rules
         return Records(
@@ -333,7 +346,7 @@ class Observer:
             sentinel=frozen(sentinel) if sentinel is not None else None, sentinel_name=self.sentinel.name,
             sentinel_mtime=sentinel_mtime, log_tail=lines, log_mtime=log_mtime, root_cause=cause, killed=killed,
             ranks=ranks, rank_procs=rank_procs, slurm=job, slurm_waiting=waiting, gpu_util=util,
-            gpu_idle_for=idle_for, gpu_lines=gpu_lines,
+            gpu_idle_for=idle_for, gpu_lines=gpu_lines, disk=self._disk(now, start),
             blind=self.reader.error or why_unreadable(self.log), hold_for=hold,
             time_limit=limit, time_limit_why=limit_why, failed_launches=failed, watchdog_said=watchdog_said)
         self.last = obs
@@ -341,13 +354,14 @@ class Observer:
 
 
 def assess(run_dir, thresholds: Optional[Thresholds] = None, gpu=None, pids=(),
-           slurm_job: Optional[str] = None, watchdog_said=None) -> tuple:
+           slurm_job: Optional[str] = None, watchdog_said=None, checkpoint_dirs: tuple = ()) -> tuple:
     """One look at the run as it is now, judged by the watchdog's rules: (observer, observation,
     verdict). ``watchdog_said``: the anomaly a watchdog of this run already reported (it saw every
     record; one look at a tail may not)."""
     from .judge import judge
     th = dataclasses.replace(thresholds or Thresholds(), orphan_grace=0.0, rank_grace=0.0)
-    observer = Observer(run_dir, th, pids=pids, gpu=gpu, one_shot=True, slurm_job=slurm_job)
+    observer = Observer(run_dir, th, pids=pids, gpu=gpu, one_shot=True, slurm_job=slurm_job,
+                        checkpoint_dirs=checkpoint_dirs)
     obs = observer.observe(watchdog_said=watchdog_said)
     return observer, obs, judge(obs, th)
 

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from . import ranks as rk
-from .logs import is_fallout, last_error, oom_line
+from .checkpoints import remaining_saves, rule_disk as disk_ahead
+from .logs import ENOSPC, enospc_line, is_fallout, last_error, oom_line
 from .observation import Observation, Verdict
 from .recovery import no_progress
 from .rules import KINDS, Anomaly, Thresholds, anomaly, is_warning, secs
@@ -122,6 +123,31 @@ def rule_oom(obs, th):
                    "gradient accumulation) or shorten the sequence length, then relaunch")
 
 
+DISK_FULL = ("The disk is full: delete old checkpoints or rotate them (save_total_limit), or move the "
+             "checkpoints to another volume, then relaunch from the last complete checkpoint (checkin.py names it)")
+
+
+def rule_disk(obs, th):
+    """A FATAL, torchrun root cause or last error saying the disk is full (not ``crash``/``dead``);
+    while the run lives, the next save or the remaining saves not fitting (checkpoints.rule_disk)."""
+    step = obs.records.last_step
+    fatal = (obs.records.fatal or {}).get("FATAL")
+    if fatal and ENOSPC.search(fatal):
+        return anomaly("disk", f"FATAL = {fatal[:160]!r} says the disk is full", step, DISK_FULL)
+    if _ended(obs, th):
+        cause = obs.root_cause.message if obs.root_cause is not None else None
+        tail = list(obs.log_tail)
+        err = cause or last_error(tail)
+        line = err if err and ENOSPC.search(err) else enospc_line(tail[-LAST_WORDS:]) if err is None else None
+        if line is None:
+            return None
+        return anomaly("disk", f"log line = {line[:160]!r} after the process died", step, DISK_FULL)
+    d = obs.disk
+    if d is None:
+        return None
+    return disk_ahead(d, th, remaining_saves(d, obs.records.start.get("total_steps"), step), step)
+
+
 def rule_crash(obs, th):
     cause = _root_cause(obs, th)
     if cause is not None:
@@ -189,7 +215,10 @@ def rule_rank_fatal(obs, th):
 
 
 def rule_fatal(obs, th):
-    return obs.records.hits.get("fatal") or rule_rank_fatal(obs, th)
+    found = obs.records.hits.get("fatal")
+    if found is not None and ENOSPC.search(found.message):
+        return None  # the disk rule names it
+    return found or rule_rank_fatal(obs, th)
 
 
 def rule_straggler(obs, th):
@@ -286,6 +315,7 @@ RULES = (
     Rule("nan", _hit("nan"), "lr"),
     Rule("fatal", rule_fatal, "same"),
     Rule("oom", _first(rule_slurm("oom"), rule_oom), "batch", process=True),
+    Rule("disk", rule_disk, "same", process=True),
     Rule("crash", _first(rule_slurm("crash"), rule_crash), "same", process=True),
     Rule("node_fail", rule_slurm("node_fail"), "same", process=True),
     Rule("preempted", rule_slurm("preempted"), "same", process=True),

@@ -85,6 +85,7 @@ class Observation:
     gpu_util: Optional[float] = None # max utilization of the run's GPUs, %; None: no GPU reading
     gpu_idle_for: float = 0.0
     gpu_lines: tuple = ()            # one line per GPU, or the reason there is no reading
+    disk: Any = None                 # checkpoints.DiskState of the run's checkpoint folders; None when none is known
     blind: str = ""                  # why the run cannot be seen, '' when it can
     hold_for: float = 0.0            # s left of the relaunch grace: history alone, no process yet
     time_limit: Optional[float] = None    # s from `started` after which the run is over its plan

@@ -9,7 +9,7 @@ references/recovery.md):
 - ``oom``: halve the per-device batch, double gradient accumulation (same effective batch);
 - ``nan``, ``diverged``, ``grad_explode``, ``loss_spike`` (and a ``fatal`` whose reason is a
   non-finite value): halve the learning rate;
-- ``dead``, ``stall``, ``crash``, ``fatal``, ``preempted``, ``node_fail``, ``rank_hang``,
+- ``disk`` (once space is freed), ``dead``, ``stall``, ``crash``, ``fatal``, ``preempted``, ``node_fail``, ``rank_hang``,
   ``straggler``, ``gpu_idle`` and no kind at all (DEAD): the same command, resumed;
 - every other kind (labels, data, a plan that does not fit the window): no line, since
   relaunching does not fix it.
@@ -37,7 +37,7 @@ NO_PROGRESS_AFTER = 3     # relaunches without the checkpoint's step moving
 
 HALVE_BATCH = {"oom"}
 HALVE_LR = {"nan", "diverged", "grad_explode", "loss_spike"}
-SAME = {None, "dead", "stall", "crash", "fatal", "preempted", "node_fail", "rank_hang", "straggler", "gpu_idle"}
+SAME = {None, "disk", "dead", "stall", "crash", "fatal", "preempted", "node_fail", "rank_hang", "straggler", "gpu_idle"}
 
 # Flag spellings, the templates' first: (--batch-size, --batch, and the Trainer's names).
 BATCH_FLAGS = ("--batch-size", "--batch", "--per-device-train-batch-size", "--per_device_train_batch_size")

@@ -223,6 +223,9 @@ def build_parser() -> Parser:
     p.add_argument("--slurm-job", metavar="ID", type=slurm_id,
                    help="follow this Slurm job with squeue/sacct: PENDING is no stall, the scheduler's end "
                         "states are verdicts (OUT_OF_MEMORY, NODE_FAIL, TIMEOUT, PREEMPTED, FAILED)")
+    p.add_argument("--checkpoint-dir", action="append", default=[], metavar="DIR",
+                   help="a folder of the run's checkpoints to follow for the disk rule (repeatable); default: the "
+                        "start record's checkpoint_dir, else RUN_DIR/checkpoints")
     p.add_argument("--sentinel", default=SENTINEL, metavar="NAME", type=sentinel_name,
                    help=f"completion sentinel, a file name in RUN_DIR [default: {SENTINEL}]")
     for name, default, unit, doc, is_duration in Thresholds.describe():
@@ -286,7 +289,8 @@ def main(argv=None, gpu=None) -> int:
             print(f"watchdog.py: error: {job.error}", file=sys.stderr)
             return EXIT_USAGE
     watcher = Watchdog(run_dir, th, pids=args.pid, log=log, sentinel=args.sentinel, gpu=gpu,
-                       num_labels_given="num_labels" in given, slurm_job=args.slurm_job)
+                       num_labels_given="num_labels" in given, slurm_job=args.slurm_job,
+                       checkpoint_dirs=tuple(args.checkpoint_dir))
     watcher.argv = tuple(sys.argv[2:] if argv is None else argv[1:])
     registry.register(run_dir, os.getpid(), args.pid)
     return run(watcher)

@@ -460,3 +460,69 @@ def test_enospc_line_finds_what_a_full_disk_prints(tmpfs, tmp_path, code, expect
 @pytest.mark.parametrize("log", ["torchrun_raise_record.log", "torchrun_sigkill.log"])
 def test_enospc_line_is_silent_on_other_failures(log):
     assert enospc_line(log_tail(ROOT / "tests" / "data" / log)) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# The watchdog and check-in, end to end
+# ---------------------------------------------------------------------------------------------
+def test_watchdog_exits_7_with_disk_while_the_writer_still_lives(tmpfs, tmp_path, writer):
+    from conftest import start_script
+    vol = tmpfs("48m")
+    run = tmp_path / "run"
+    w = writer(run, vol / "out", "--every", 1, "--mb", 6, "--keep", 0, "--saves", 20)
+    wd = start_script("watchdog.py", run, "--poll", "0.2", "--startup-grace", "60")
+    out, err = wd.communicate(timeout=90)
+    alive, failed = w.proc.poll() is None, w.failed()
+    assert wd.returncode == 7, out + err
+    assert out.startswith("ANOMALY disk: free space = ") and f" on {vol} at step " in out, out
+    assert "remaining saves x 6.0 MB (every save kept)" in out or "< next save 6.0 MB x 1.5 margin" in out, out
+    assert alive and not failed, w.log_path.read_text()[-2000:]
+
+
+def test_watchdog_lets_a_rotating_writer_finish(tmpfs, tmp_path, writer):
+    from conftest import start_script
+    vol = tmpfs("48m")
+    run = tmp_path / "run"
+    w = writer(run, vol / "out", "--every", 1, "--mb", 6, "--keep", 2, "--saves", 10)
+    wd = start_script("watchdog.py", run, "--poll", "0.2", "--disk-min-saves", "2")
+    out, err = wd.communicate(timeout=90)
+    assert wd.returncode == 0 and out.startswith("OK done"), out + err
+    assert w.proc.wait(timeout=30) == 0 and not w.failed()
+
+
+def test_a_crash_on_a_full_disk_is_disk_and_checkin_resumes_from_the_last_whole_checkpoint(tmpfs, tmp_path, writer):
+    from conftest import run_script
+    vol = tmpfs("10m")
+    run = tmp_path / "run"
+    w = writer(run, vol / "out", "--every", 0.2, "--mb", 6, "--keep", 0, "--saves", 5)
+    assert w.proc.wait(timeout=60) == 1 and w.failed()   # the second save ran out of space
+    rc, out, err = run_script("watchdog.py", run, "--poll", "0.2", "--orphan-grace", "0.5")
+    assert rc == 7, out + err
+    assert out.startswith("ANOMALY disk: log line = ") and "No space left on device" in out, out
+    rc, out, err = run_script("checkin.py", run)
+    assert rc == 0 and "ANOMALY disk" in out, out + err
+    assert f"resume from: {vol / 'out' / 'checkpoint-10'} (step 10, 6.0 MB, complete)" in out, out
+    assert f"  skipped {vol / 'out' / 'checkpoint-20'} (step 20, " in out and "model.safetensors" in out, out
+    assert "next: cd " in out and "--resume" in out, out
+    rc, out, err = run_script("checkin.py", run, "--json")
+    disk = json.loads(out)["disk"]
+    assert rc == 0 and disk.startswith("disk: ") and f"free of 10.5 MB on {vol}; 2 checkpoints = 6.0 MB" in disk, disk
+
+
+def test_checkin_after_nan_at_60_resumes_from_the_save_at_50(tmp_path):
+    from conftest import run_script
+    pytest.importorskip("safetensors")
+    run, out = tmp_path / "run", tmp_path / "out"
+    for s in (50, 70):
+        _hf_save(out / f"checkpoint-{s}", s)
+    run.mkdir()
+    recs = [{"event": "start", "t": 0, "pid": 999999, "total_steps": 100, "num_labels": 2, "checkpoint_dir": str(out),
+             "argv": ["train.py", "--output_dir", str(out)], "cwd": str(tmp_path)}]
+    recs += [{"step": s, "t": s / 10, "loss": 0.5 if s < 60 else float("nan"), "lr": 1e-3, "grad_norm": 1.0,
+              "sps": 100.0} for s in range(10, 80, 10)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    rc, text, err = run_script("checkin.py", run)
+    assert rc == 0 and "ANOMALY nan: loss = nan is not finite at step 60" in text, text + err
+    assert f"resume from: {out / 'checkpoint-50'} (step 50, " in text, text
+    assert f"  skipped {out / 'checkpoint-70'} (step 70, 10.1 kB): poisoned: written at step 70 >= first " \
+           "non-finite record at step 60" in text, text
