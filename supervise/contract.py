@@ -82,6 +82,11 @@ def is_finite(v) -> bool:
     return is_number(v) and math.isfinite(v)
 
 
+def is_count(v) -> bool:
+    """A whole number >= 0 (a pid, a rank, a step), bool never counting as one."""
+    return is_finite(v) and v >= 0 and float(v).is_integer()
+
+
 def _type_ok(value, want: str, name: str) -> bool:
     if want == TEXT:
         return isinstance(value, str)
@@ -176,6 +181,13 @@ def sanitize(rec: dict) -> dict | None:
         except KeyError:
             t = None
         out["t"] = t if t is not None and math.isfinite(t) else None
+    for name in ("time", "sps") if kind is None else ():   # a rank heartbeat: wall time, the rank's sps
+        if name in out:
+            try:
+                v = _float(out[name])
+            except KeyError:
+                v = None
+            out[name] = v if v is not None and math.isfinite(v) else None
     if "step" in out or kind in ("step", "eval"):
         out["step"] = _count(out.get("step"))
         if out["step"] is None and kind in ("step", "eval"):
@@ -356,6 +368,7 @@ class TailReader:
     head: int = 64 << 10
     tail: int = 256 << 10
     notable: bool = True      # re-attach: parse the middle's notable lines (False: head and tail only)
+    max_append: int = 0       # > 0: of more bytes appended since the last read, read only the last this many
     offset: int = 0
     lines: int = 0
     bad_lines: int = 0
@@ -409,6 +422,8 @@ class TailReader:
                 f.seek(0)
                 self._head = f.read(64)
                 yield from self._catch_up(f, end)
+            if self.max_append and end - self.offset > self.max_append:
+                self._skip_to(f, end - self.max_append)
             f.seek(self.offset)
             while self.offset < end:
                 data = f.read(min(self.chunk, end - self.offset))
@@ -419,6 +434,14 @@ class TailReader:
                     self._head = data[:64]
                 self.offset += len(data)
                 yield from self._split(data)
+
+    def _skip_to(self, f, pos: int) -> None:
+        """Go on from the first line boundary at or after ``pos``; what lies before is skipped."""
+        f.seek(pos)
+        nl = f.read(self.max_line).find(b"\n")
+        new = pos + nl + 1 if nl >= 0 else pos
+        self.skipped_bytes += new - self.offset
+        self.offset, self._buf, self._dropping = new, b"", False
 
     def _last_start(self, f, end: int) -> int:
         """Offset of the line holding the last start record, 0 when there is none. A backward

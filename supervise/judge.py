@@ -391,7 +391,8 @@ def judge(obs: Observation, th: Thresholds) -> Verdict:
     watching. Pure: no file, process or clock is read."""
     notes = _notes(obs)
     warnings = tuple(a for k, a in obs.records.hits.items() if BY_KIND[k].is_warning(th))
-    finished = obs.sentinel is not None and not obs.alive
+    trainer = [p for p in obs.alive if not p.child]   # a rank or worker outliving the trainer is no reason to wait
+    finished = obs.sentinel is not None and not trainer
     if obs.watchdog_said is not None and obs.relaunch is None:
         a = obs.watchdog_said
         return Verdict("anomaly", a.message, a, f"ANOMALY {a.kind}", notes, warnings,
@@ -411,12 +412,12 @@ def judge(obs: Observation, th: Thresholds) -> Verdict:
         if obs.hold_for > 0:
             return Verdict("watching", "", None, _headline(obs), notes, warnings, recheck_in=obs.hold_for)
         quiet = obs.now - obs.sentinel_mtime if obs.sentinel_mtime is not None else 0.0
-        if obs.alive and quiet <= obs.stall_after:
+        if trainer and quiet <= obs.stall_after:
             return Verdict("finishing", "", None, "FINISHING",
-                           notes + (f"{obs.sentinel_name} written; pid {obs.alive[0].pid} is finishing "
+                           notes + (f"{obs.sentinel_name} written; pid {trainer[0].pid} is finishing "
                                     "(a final save or eval): done when it exits",), warnings)
-        v = _done(obs, notes + ((f"pid {obs.alive[0].pid} still runs {secs(quiet)} after the sentinel",)
-                                if obs.alive else ()))
+        v = _done(obs, notes + ((f"pid {trainer[0].pid} still runs {secs(quiet)} after the sentinel",)
+                                if trainer else ()))
         return Verdict(v.state, v.line, None, v.headline, v.notes, warnings)
     return Verdict("watching", "", None, _headline(obs), notes, warnings)
 

@@ -11,7 +11,6 @@ import sysconfig
 import pytest
 
 from conftest import ROOT
-from supervise.telemetry import Telemetry
 
 # command -> the script in scripts/ with the same main
 COMMANDS = {"supervise-watchdog": "watchdog", "supervise-checkin": "checkin", "supervise-smoke": "smoke",
@@ -65,11 +64,13 @@ def test_a_file_for_a_run_dir_is_one_line_and_exit_2(installed, tmp_path, comman
 
 def test_watchdog_and_checkin_on_a_finished_run(installed, tmp_path):
     run_dir = tmp_path / "run"
-    with Telemetry(run_dir, task="lm", vocab_size=64, total_steps=30, batch_size=4) as tm:
-        for step in (10, 20, 30):
-            tm.step(step, 4.0 - step / 10, lr=1e-3, grad_norm=1.0)
-        tm.eval(30, loss=1.2)
-        tm.done(eval_loss=1.2)
+    writer = ("import sys; sys.path.insert(0, sys.argv[2]); from supervise.telemetry import Telemetry\n"
+              "with Telemetry(sys.argv[1], task='lm', vocab_size=64, total_steps=30, batch_size=4) as tm:\n"
+              "    for step in (10, 20, 30):\n"
+              "        tm.step(step, 4.0 - step / 10, lr=1e-3, grad_norm=1.0)\n"
+              "    tm.eval(30, loss=1.2)\n"
+              "    tm.done(eval_loss=1.2)\n")
+    subprocess.run([sys.executable, "-c", writer, str(run_dir), str(ROOT)], check=True, timeout=60)  # a trainer that exited
     p = run(installed, "supervise-watchdog", run_dir, "--poll", "0.2", cwd=tmp_path)
     assert p.returncode == 0 and p.stdout.startswith("OK done"), p.stdout + p.stderr
     p = run(installed, "supervise-checkin", run_dir, cwd=tmp_path)

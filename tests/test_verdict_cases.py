@@ -222,3 +222,35 @@ def test_a_relaunch_that_dies_before_its_start_record_is_named_within_a_poll(tmp
     out, err = wd.communicate(timeout=60)
     assert wd.returncode == 7 and LINE.match(out.strip())["kind"] == "crash", out + err
     assert "unrecognized arguments: --resume" in out and "the relaunch (pid " in out, out
+
+
+def _eight_hour_run(run, total=28800):
+    """A run 3 h in (record time) at 1 step/s with total_steps 28800: its plan is 8 h."""
+    run.mkdir()
+    t0 = time.time()
+    start = {"event": "start", "t": 0, "pid": os.getpid(), "host": __import__("socket").gethostname(),
+             "time": t0, "run_id": "long", **({"total_steps": total} if total else {})}
+    step = '{"step": %d, "t": %d, "loss": 0.3, "lr": 0.0001, "grad_norm": 1.0, "sps": 8.0}\n'
+    (run / "metrics.jsonl").write_text(json.dumps(start) + "\n" + "".join(step % (s, s) for s in range(10, 10801, 10)))
+    return t0
+
+
+@pytest.mark.parametrize("hours,total,kind", [(3, 28800, None), (11.9, 28800, None), (12.2, 28800, "timeout"),
+                                              (100, None, None)])
+def test_the_time_limit_comes_from_the_plan(hours, total, kind, tmp_path):
+    """A healthy run projected at 8 h is not timed out at 3 h (v0.2's fixed 3 h limit); past
+    1.5 x its projection + the startup grace it is; with no plan there is no limit."""
+    from supervise.engine import Observer
+    from supervise.judge import judge
+    from supervise.rules import Thresholds
+    run = tmp_path / "run"
+    t0 = _eight_hour_run(run, total)
+    th = Thresholds(max_stall=1e9)
+    clock = iter([t0, t0 + hours * 3600])
+    obs = Observer(run, th, clock=lambda: next(clock)).observe()
+    v = judge(obs, th)
+    assert v.kind == kind, v.line
+    if total:
+        assert obs.time_limit == pytest.approx(1.5 * 28800 + 300) and "28800 steps at 1 steps/s" in obs.time_limit_why
+    else:
+        assert obs.time_limit is None
