@@ -51,6 +51,7 @@ def poll_cost(lines: int) -> dict:
     with tempfile.TemporaryDirectory() as d:
         run = Path(d)
         make_file(run / "metrics.jsonl", lines)
+        hf_checkpoints(run / "checkpoints", 50)   # the disk probe on: RUN_DIR/checkpoints is followed
         size = (run / "metrics.jsonl").stat().st_size
         t0 = time.perf_counter()
         full = Observer(run, Thresholds(poll=30, max_stall=1e9, hard_timeout=1e9))
@@ -75,6 +76,7 @@ def poll_cost(lines: int) -> dict:
                 costs.append(time.perf_counter() - t0)
                 read.append(w.reader.bytes_read - before)
                 assert v.state == "watching", v.line
+        assert len(w.last.disk.checkpoints) == 50
         naive = []
         for _ in range(2):
             t0 = time.perf_counter()
@@ -92,6 +94,14 @@ def _safetensors(path: Path, n: int) -> None:
     path.write_bytes(len(header).to_bytes(8, "little") + header + bytes(4 * n))
 
 
+def hf_checkpoints(folder: Path, n: int) -> None:
+    for i in range(1, n + 1):
+        c = folder / f"checkpoint-{i * 100}"
+        c.mkdir(parents=True)
+        _safetensors(c / "model.safetensors", 1000)
+        (c / "trainer_state.json").write_text(json.dumps({"global_step": i * 100}))
+
+
 def checkpoint_poll_cost(n: int = 50, polls: int = 2000) -> dict:
     """Median seconds of CheckpointWatch.poll on a folder of ``n`` unchanged checkpoints, after a
     first poll that reads them all: HF checkpoint-N folders, and Lightning .ckpt files (each
@@ -100,11 +110,8 @@ def checkpoint_poll_cost(n: int = 50, polls: int = 2000) -> dict:
     with tempfile.TemporaryDirectory() as d:
         hf, pl = Path(d) / "hf", Path(d) / "pl"
         pl.mkdir()
+        hf_checkpoints(hf, n)
         for i in range(1, n + 1):
-            c = hf / f"checkpoint-{i * 100}"
-            c.mkdir(parents=True)
-            _safetensors(c / "model.safetensors", 1000)
-            (c / "trainer_state.json").write_text(json.dumps({"global_step": i * 100}))
             with zipfile.ZipFile(pl / f"epoch=0-step={i * 100}.ckpt", "w") as z:
                 z.writestr("archive/data.pkl", b"\x80\x02}q\x00.")
                 z.writestr("archive/data/0", bytes(4000))
@@ -168,15 +175,14 @@ def main():
           f"{r['catch_up_s']:.2f} s (target <= 1 s)")
     print(f"first poll, folding every line (v0.1): {r['full_catch_up_s']:.2f} s "
           f"-> re-attach {r['full_catch_up_s'] / r['catch_up_s']:.0f}x faster")
-    print(f"steady poll: median {r['poll_s'] * 1e3:.3f} ms, p95 {r['poll_p95_s'] * 1e3:.3f} ms, "
-          f"{r['bytes_per_poll']:.0f} bytes read")
+    print(f"steady poll (the disk probe on, 50 checkpoints): median {r['poll_s'] * 1e3:.3f} ms, "
+          f"p95 {r['poll_p95_s'] * 1e3:.3f} ms, {r['bytes_per_poll']:.0f} bytes read (target <= 1 ms)")
     print(f"re-reading the whole file: {r['naive_s']:.2f} s")
     print(f"ratio: {r['ratio']:,.0f}x cheaper per poll (target >= 1000x)")
     c = checkpoint_poll_cost()
     for name, what in (("hf", "50 HF checkpoint-N folders"), ("lightning", "50 Lightning .ckpt files")):
         print(f"checkpoint probe, steady poll over {what}: median {c[name + '_s'] * 1e6:.0f} us, "
-              f"p95 {c[name + '_p95_s'] * 1e6:.0f} us (first poll {c[name + '_first_s'] * 1e3:.1f} ms); "
-              f"with the metrics poll {(r['poll_s'] + c[name + '_s']) * 1e3:.3f} ms (target <= 1 ms)")
+              f"p95 {c[name + '_p95_s'] * 1e6:.0f} us (first poll {c[name + '_first_s'] * 1e3:.1f} ms)")
     for kind in ("dead", "nan", "stall"):
         n = latency(kind, a.poll)
         extra = " after max-stall" if kind == "stall" else ""

@@ -20,12 +20,14 @@ def state_dir(tmp_path, monkeypatch):
 
 
 class Trainer:
-    """A fake trainer process writing the contract, stdout/stderr to RUN_DIR/train.log."""
+    """A fake trainer process writing the contract (``script``: tests/fake_trainer.py unless
+    another stand-in is named), stdout/stderr to RUN_DIR/train.log."""
 
-    def __init__(self, run_dir: Path, *args):
+    def __init__(self, run_dir: Path, *args, script: Path = FAKE):
         run_dir.mkdir(parents=True, exist_ok=True)
-        self.log = open(run_dir / "train.log", "wb")
-        self.proc = subprocess.Popen([sys.executable, "-u", str(FAKE), str(run_dir), *map(str, args)],
+        self.log_path = run_dir / "train.log"
+        self.log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen([sys.executable, "-u", str(script), str(run_dir), *map(str, args)],
                                      stdout=self.log, stderr=subprocess.STDOUT)
         self.pid = self.proc.pid
 
@@ -48,8 +50,8 @@ class Trainer:
 def trainer():
     made = []
 
-    def start(run_dir, *args):
-        t = Trainer(run_dir, *args)
+    def start(run_dir, *args, **kw):
+        t = Trainer(run_dir, *args, **kw)
         made.append(t)
         return t
 

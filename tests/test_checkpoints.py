@@ -321,35 +321,15 @@ def test_declared_keep(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # The probe and the rule, on a real 48 MB file system filled by a real writer
 # ---------------------------------------------------------------------------------------------
-class Writer:
-    def __init__(self, run: Path, ckpt: Path, *args):
-        run.mkdir(parents=True, exist_ok=True)
-        self.log_path = run / "train.log"   # beside the volume: a full disk could not take the traceback
-        self.log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen([sys.executable, "-u", str(WRITER), str(run), "--ckpt-dir", str(ckpt),
-                                      *map(str, args)], stdout=self.log, stderr=subprocess.STDOUT)
-
-    def failed(self) -> bool:
-        return enospc_line(self.log_path.read_text().splitlines()) is not None
-
-    def close(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-        self.log.close()
-
-
 @pytest.fixture
-def writer():
-    made = []
-
-    def start(*args):
-        made.append(Writer(*args))
-        return made[-1]
-
-    yield start
-    for w in made:
-        w.close()
+def writer(trainer):
+    """start(run, ckpt_dir, *flags): tests/ckpt_writer.py as a real process; its train.log beside
+    the volume (a full disk could not take the traceback). ``.failed()``: its log says ENOSPC."""
+    def start(run: Path, ckpt: Path, *args):
+        w = trainer(run, "--ckpt-dir", ckpt, *args, script=WRITER)
+        w.failed = lambda: enospc_line(w.log_path.read_text().splitlines()) is not None
+        return w
+    return start
 
 
 def _poll_until(watch, w, th, total_steps, until):
@@ -465,29 +445,25 @@ def test_enospc_line_is_silent_on_other_failures(log):
 # ---------------------------------------------------------------------------------------------
 # The watchdog and check-in, end to end
 # ---------------------------------------------------------------------------------------------
-def test_watchdog_exits_7_with_disk_while_the_writer_still_lives(tmpfs, tmp_path, writer):
+@pytest.mark.parametrize("keep, saves, flags, rc, said", [
+    (0, 20, ["--startup-grace", "60"], 7, "ANOMALY disk: free space = "),   # every save kept
+    (2, 10, ["--disk-min-saves", "2"], 0, "OK done"),                      # rotation: 60 MB through 48 MB
+], ids=["keeps-all-exit-7-while-alive", "rotates-done"])
+def test_watchdog_on_a_writer_filling_a_48mb_disk(tmpfs, tmp_path, writer, keep, saves, flags, rc, said):
     from conftest import start_script
     vol = tmpfs("48m")
     run = tmp_path / "run"
-    w = writer(run, vol / "out", "--every", 1, "--mb", 6, "--keep", 0, "--saves", 20)
-    wd = start_script("watchdog.py", run, "--poll", "0.2", "--startup-grace", "60")
+    w = writer(run, vol / "out", "--every", 1, "--mb", 6, "--keep", keep, "--saves", saves)
+    wd = start_script("watchdog.py", run, "--poll", "0.2", *flags)
     out, err = wd.communicate(timeout=90)
     alive, failed = w.proc.poll() is None, w.failed()
-    assert wd.returncode == 7, out + err
-    assert out.startswith("ANOMALY disk: free space = ") and f" on {vol} at step " in out, out
-    assert "remaining saves x 6.0 MB (every save kept)" in out or "< next save 6.0 MB x 1.5 margin" in out, out
-    assert alive and not failed, w.log_path.read_text()[-2000:]
-
-
-def test_watchdog_lets_a_rotating_writer_finish(tmpfs, tmp_path, writer):
-    from conftest import start_script
-    vol = tmpfs("48m")
-    run = tmp_path / "run"
-    w = writer(run, vol / "out", "--every", 1, "--mb", 6, "--keep", 2, "--saves", 10)
-    wd = start_script("watchdog.py", run, "--poll", "0.2", "--disk-min-saves", "2")
-    out, err = wd.communicate(timeout=90)
-    assert wd.returncode == 0 and out.startswith("OK done"), out + err
-    assert w.proc.wait(timeout=30) == 0 and not w.failed()
+    assert wd.returncode == rc and out.startswith(said), out + err
+    assert not failed, w.log_path.read_text()[-2000:]
+    if rc == 7:   # before any write failed, the writer still alive
+        assert alive and f" on {vol} at step " in out, out
+        assert "remaining saves x 6.0 MB (every save kept)" in out or "< next save 6.0 MB x 1.5 margin" in out, out
+    else:
+        assert w.proc.wait(timeout=30) == 0
 
 
 def test_a_crash_on_a_full_disk_is_disk_and_checkin_resumes_from_the_last_whole_checkpoint(tmpfs, tmp_path, writer):
