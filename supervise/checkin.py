@@ -233,7 +233,7 @@ def summary(run_dir, k: int = 5) -> str:
 
 def main(argv=None) -> int:
     p = Parser(prog="checkin.py", description="The state of a training run in one cheap read: the verdict "
-               "first (RUNNING healthy, STARTING, DONE, ANOMALY <kind>, NOT STARTED), then progress, "
+               "first (RUNNING healthy, STARTING, FINISHING, DONE, ANOMALY <kind>, NOT STARTED), then notes, progress, "
                "recent steps, evals, watchdog, process, GPU, disk and the last error; at most 1,500 characters.")
     p.add_argument("run_dir", nargs="?", metavar="RUN_DIR",
                    help="the run directory [the watchdog registry's newest run, else the newest metrics.jsonl below here]")

@@ -290,13 +290,14 @@ def dumps(rec: dict) -> str:
     return json.dumps(rec, separators=(",", ":")) + "\n"
 
 
-def atomic_write_json(path: str | os.PathLike, obj) -> None:
-    """Write JSON to a temporary file in the same folder, then rename it over ``path``."""
+def atomic_write_json(path: str | os.PathLike, obj, indent: int | None = 1) -> None:
+    """Write JSON to a temporary file in the same folder, then rename it over ``path``
+    (``indent=None``: one compact line, through json's C encoder: the watchdog's every poll)."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=1, default=str)
+            f.write(json.dumps(obj, indent=indent, default=str))  # dumps: the C encoder when indent is None
             f.write("\n")
         os.replace(tmp, path)
     except BaseException:

@@ -62,7 +62,7 @@ class WatchState:
     argv: list = field(default_factory=list)   # the watchdog's flags after RUN_DIR
 
     def to_json(self) -> dict:
-        return dataclasses.asdict(self)
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
     @classmethod
     def from_json(cls, obj) -> Optional["WatchState"]:
@@ -95,6 +95,7 @@ class Watchdog:
         self.verdict = Verdict("watching")
         self.save_error = ""
         self.argv: tuple = ()   # the flags this watchdog was started with (check-in offers them again)
+        self._thresholds = dataclasses.asdict(thresholds)
 
     def poll(self) -> Verdict:
         self.verdict = judge(self.observer.observe(), self.th)
@@ -125,11 +126,11 @@ class Watchdog:
             gpu=list(obs.gpu_lines) if obs else None,
             warnings=[w.message for w in v.warnings] + list(v.notes),
             slurm_job=o.slurm_job, slurm_state=obs.slurm.state if obs and obs.slurm else None,
-            thresholds=dataclasses.asdict(self.th), argv=list(self.argv))
+            thresholds=self._thresholds, argv=list(self.argv))
 
     def save(self) -> None:
         try:
-            atomic_write_json(self.run_dir / WATCHDOG_STATE, self.snapshot().to_json())
+            atomic_write_json(self.run_dir / WATCHDOG_STATE, self.snapshot().to_json(), indent=None)
             self.save_error = ""
         except OSError as e:
             if not self.save_error:  # say it once; the verdict still reaches stdout
