@@ -103,7 +103,10 @@ def gather(run_dir: Path, k: int = 5, now: Optional[float] = None, gpu=None) -> 
     now = now or time.time()
     wd = WatchState.from_json(read_json(run_dir / WATCHDOG_STATE))
     th = Thresholds.from_dict(wd.thresholds if wd else None)
-    _, obs, verdict = assess(run_dir, th, gpu=gpu, slurm_job=wd.slurm_job if wd else None)
+    wd_proc = process(wd.watchdog_pid) if wd and wd.watchdog_pid else None
+    wd_alive = bool(wd_proc and wd_proc.alive and wd.state in ("watching", "finishing"))
+    _, obs, verdict = assess(run_dir, th, gpu=gpu, slurm_job=wd.slurm_job if wd else None,
+                             notable=not wd_alive)  # a live watchdog has seen the middle of the file
     said = _said(wd, obs.records.start)
     if said is not None:
         obs = dataclasses.replace(obs, watchdog_said=said)
@@ -115,8 +118,6 @@ def gather(run_dir: Path, k: int = 5, now: Optional[float] = None, gpu=None) -> 
     procs = obs.processes
     proc = next((p for p in procs if p.alive), procs[0] if procs else None)
     info = process(proc.pid, cpu_interval=0.05) if proc is not None and proc.alive else None
-    wd_proc = process(wd.watchdog_pid) if wd and wd.watchdog_pid else None
-    wd_alive = bool(wd_proc and wd_proc.alive and wd.state in ("watching", "finishing"))
     log = list(obs.log_tail)
     err = oom_line(log) or last_error(log)
     mtime = obs.metrics_mtime

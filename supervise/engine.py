@@ -46,7 +46,8 @@ class Observer:
 
     def __init__(self, run_dir, thresholds: Thresholds = Thresholds(), pids=(), log=None,
                  sentinel: str = SENTINEL, gpu=None, num_labels_given: bool = False, clock=time.time,
-                 one_shot: bool = False, slurm_job: Optional[str] = None, slurm_runner=None):
+                 one_shot: bool = False, slurm_job: Optional[str] = None, slurm_runner=None,
+                 notable: bool = True):
         self.run_dir = Path(run_dir)
         self.th = thresholds
         self.explicit_pids = tuple(pids)
@@ -54,7 +55,7 @@ class Observer:
         self.sentinel = self.run_dir / sentinel
         self.metrics = self.run_dir / METRICS
         self.reader = TailReader(str(self.metrics)) if not one_shot else \
-            TailReader(str(self.metrics), notable=True, head=32 << 10, tail=64 << 10)
+            TailReader(str(self.metrics), notable=notable, head=32 << 10, tail=64 << 10)
         self.rules = RecordRules(thresholds, num_labels_given)
         self.gpu = gpu
         self.clock = clock
@@ -341,13 +342,14 @@ class Observer:
 
 
 def assess(run_dir, thresholds: Optional[Thresholds] = None, gpu=None, pids=(),
-           slurm_job: Optional[str] = None, watchdog_said=None) -> tuple:
+           slurm_job: Optional[str] = None, watchdog_said=None, notable: bool = True) -> tuple:
     """One look at the run as it is now, judged by the watchdog's rules: (observer, observation,
     verdict). ``watchdog_said``: the anomaly a watchdog of this run already reported (it saw every
-    record; one look at a tail may not)."""
+    record; one look at a tail may not). ``notable=False`` skips the middle of a long file (head
+    and tail only): for a run a live watchdog follows, which has seen every record."""
     from .judge import judge
     th = dataclasses.replace(thresholds or Thresholds(), orphan_grace=0.0, rank_grace=0.0)
-    observer = Observer(run_dir, th, pids=pids, gpu=gpu, one_shot=True, slurm_job=slurm_job)
+    observer = Observer(run_dir, th, pids=pids, gpu=gpu, one_shot=True, slurm_job=slurm_job, notable=notable)
     obs = observer.observe(watchdog_said=watchdog_said)
     return observer, obs, judge(obs, th)
 
