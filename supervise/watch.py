@@ -24,6 +24,7 @@ from .cli import EXIT_ANOMALY, EXIT_OK, EXIT_USAGE, Parser, count, duration, fra
     positive_int, run_dir_arg
 from .contract import LOG, METRICS, SENTINEL, WATCHDOG_STATE, TailReader, atomic_write_json, \
     is_number, read_json, why_unreadable
+from .launch import run_on_exit
 from .logs import cgroup_dir, is_fallout, kernel_oom_lines, killed_reason, log_tail, oom_kills, root_cause
 from .probes import GpuReport, Nvml, ProcessWatch, log_writers
 from .recovery import no_progress
@@ -418,9 +419,10 @@ class _Wake(Exception):
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
-def run(watcher: Watcher, out=None) -> int:
+def run(watcher: Watcher, out=None, on_exit: Optional[str] = None) -> int:
     """Poll until done, an anomaly, or SIGTERM/SIGINT/SIGHUP; print the one final line; exit code.
-    A second signal while stopping changes nothing: one line, exit 0, never a traceback."""
+    A second signal while stopping changes nothing: one line, exit 0, never a traceback.
+    ``on_exit``: a shell command run once, detached, after the line (launch.run_on_exit)."""
     out = out or sys.stdout
     flags = {"sleeping": False, "signal": None}
 
@@ -452,6 +454,9 @@ def run(watcher: Watcher, out=None) -> int:
             print(verdict.line, file=out, flush=True)
         except (BrokenPipeError, OSError):
             pass  # whoever read stdout is gone; the verdict is in watchdog.json all the same
+        if on_exit:
+            run_on_exit(on_exit, line=verdict.line, kind=verdict.anomaly.kind if verdict.anomaly else None,
+                        code=verdict.code, run_dir=watcher.run_dir)
     finally:
         for s, h in old.items():
             signal.signal(s, h)
@@ -496,6 +501,10 @@ def build_parser() -> Parser:
     p.add_argument("--slurm-job", metavar="ID", type=slurm_id,
                    help="follow this Slurm job with squeue/sacct: PENDING is no stall, the scheduler's end "
                         "states are verdicts (OUT_OF_MEMORY, NODE_FAIL, TIMEOUT, PREEMPTED, FAILED)")
+    p.add_argument("--on-exit", metavar="CMD",
+                   help="a shell command run once, detached, when the watchdog ends, with SUPERVISE_VERDICT, "
+                        "SUPERVISE_KIND, SUPERVISE_EXIT_CODE, SUPERVISE_RUN_DIR, SUPERVISE_SESSION_ID set "
+                        "(references/session.md)")
     p.add_argument("--sentinel", default=SENTINEL, metavar="NAME", type=sentinel_name,
                    help=f"completion sentinel, a file name in RUN_DIR [default: {SENTINEL}]")
     for name, default, unit, doc, is_duration in Thresholds.describe():
@@ -561,4 +570,4 @@ def main(argv=None, gpu=None) -> int:
     watcher = Watcher(run_dir, th, pids=args.pid, log=log, sentinel=args.sentinel, gpu=gpu,
                       num_labels_given="num_labels" in given, slurm_job=args.slurm_job)
     registry.register(run_dir, os.getpid(), args.pid)
-    return run(watcher)
+    return run(watcher, on_exit=args.on_exit)
