@@ -137,19 +137,17 @@ def find_command(name: str, cwd: Path, path: Optional[str]) -> str:
 
 
 def _writable(run: Path) -> None:
-    why = why_unreadable(run / LOG)
-    if why:  # a FIFO would block the open, a folder would fail it: say so before anything starts
-        raise UsageError(f"{why}; remove it, the launcher appends the trainer's output there")
     try:
         run.mkdir(parents=True, exist_ok=True)
         probe = run / f".launch-probe-{os.getpid()}"
         probe.write_bytes(b"")
         probe.unlink()
-        with open(run / LOG, "ab"):
-            pass
     except OSError as e:
         raise UsageError(f"run directory {run} is not writable ({e.strerror or e}); pass a folder the launcher "
                          f"can write {LOG} and {LAUNCH} into")
+    why = why_unreadable(run / LOG)
+    if why:  # a FIFO would block the open, a folder would fail it: say so before anything starts
+        raise UsageError(f"{why}; remove it, the launcher appends the trainer's output there")
 
 
 @contextlib.contextmanager
