@@ -4,6 +4,7 @@ every trainer a test launched (they are detached: nothing else would)."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 import time
@@ -21,6 +22,13 @@ def trainer_argv(run_dir, *extra, records: int = 3000, dt: float = 0.1) -> list[
     """A trainer that writes one step record every ``dt`` s for ``records`` records (5 min)."""
     return [sys.executable, "-u", str(FAKE), str(run_dir), "--records", str(records), "--dt", str(dt),
             "--no-sentinel", *map(str, extra)]
+
+
+def as_run(line: str, python: str) -> str:
+    """A SKILL.md (or references/) line as the agent runs it here: ${CLAUDE_SKILL_DIR} is the bundle, and the
+    interpreter is ``python`` (CI has no bare ``python`` on PATH)."""
+    line = line.replace("${CLAUDE_SKILL_DIR}", str(ROOT))
+    return re.sub(r"(^|(?<=\s))python3?(?=\s)", python, line)
 
 
 def lines(path) -> int:

@@ -4,18 +4,21 @@ variables), outlives the shell session that launched it, is never launched twice
 SIGTERM then SIGKILL; every bad input is one line and exit 2 with nothing started."""
 import json
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from bad_input import Result, assert_refused, replay, snapshot, user_folder
 from conftest import ROOT
-from launching import LAUNCHER, STOPPER, end_launched, keeps_writing, lines, pid_alive, procs_with, trainer_argv, \
+from launching import LAUNCHER, STOPPER, as_run, end_launched, keeps_writing, lines, pid_alive, procs_with, trainer_argv, \
     wait_for
 from supervise import registry
 from supervise.launch import LAUNCH, launch_alive, read_launch, run_on_exit, sanitize
@@ -286,6 +289,69 @@ def test_a_failing_on_exit_command_changes_nothing(work):
     wait_for(lambda: "not found" in (run / "on_exit.log").read_text(), "the shell's complaint in on_exit.log")
 
 
+def recipe(marker: str) -> str:
+    """The --on-exit recipe of references/session.md that holds ``marker``, as run here."""
+    text = (ROOT / "references" / "session.md").read_text()
+    line = next(ln for ln in text.splitlines() if marker in ln and "--on-exit" in ln)
+    return as_run(line, sys.executable).replace("--poll 30", "--poll 0.2")
+
+
+def finished_run(work):
+    """runs/exp1 launched and run to its sentinel: the watchdog's line is OK done."""
+    run = work / "runs" / "exp1"
+    argv = trainer_argv(run, records=5, dt=0.01)
+    argv.remove("--no-sentinel")
+    assert launch(work, run, *argv).returncode == 0
+    wait_for(lambda: (run / "final_val_metrics.json").exists(), "the sentinel")
+    return run
+
+
+@pytest.mark.skipif(not shutil.which("curl"), reason="curl not installed")
+def test_the_webhook_recipe_posts_the_verdict(work):
+    got = []
+
+    class Hook(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_POST(self):
+            got.append((self.path, self.headers.get("content-type"),
+                        self.rfile.read(int(self.headers.get("content-length", 0))).decode()))
+            self.send_response(204)
+            self.end_headers()
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        run = finished_run(work)
+        line = re.sub(r"https://hooks\.example\.com", f"http://127.0.0.1:{server.server_address[1]}",
+                      recipe("curl -fsS"))
+        p = subprocess.run(["bash", "-c", line], cwd=work, capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+        verdict = (run / "watchdog.log").read_text().strip()
+        assert verdict.startswith("OK done")
+        wait_for(lambda: got, "the webhook's POST")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert got == [("/training", "text/plain", verdict)]
+
+
+def test_the_notification_recipe_passes_the_verdict(work, tmp_path):
+    bin_dir = tmp_path / "bin"  # no desktop here: a notify-send that records what it was given
+    bin_dir.mkdir()
+    (bin_dir / "notify-send").write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" > {tmp_path / 'notified.txt'}\n")
+    (bin_dir / "notify-send").chmod(0o755)
+    run = finished_run(work)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    p = subprocess.run(["bash", "-c", recipe("notify-send")], cwd=work, capture_output=True, text=True, timeout=120,
+                       env=env)
+    assert p.returncode == 0, p.stderr
+    verdict = (run / "watchdog.log").read_text().strip()
+    wait_for(lambda: (tmp_path / "notified.txt").exists(), "the notification")
+    assert (tmp_path / "notified.txt").read_text() == f"training run: exit 0\n{verdict}\n"
+
+
 REC = {"pid": 4242, "pgid": 4242, "sid": 4242, "host": "h", "create_time": 1.5, "launched_at": 2.0,
        "argv": ["python", "-u", "train.py"], "cwd": "/w", "window_s": None, "session_id": None, "log": "/w/r/train.log",
        "run_dir": "/w/r"}
@@ -328,3 +394,17 @@ def test_alive_means_the_same_process_on_this_host():
 def read_proc_start() -> float:
     from supervise.probes import process
     return process(os.getpid()).create_time
+
+
+def test_the_registry_keeps_the_launch_beside_the_watchdog(work):
+    run = work / "runs" / "r"
+    assert launch(work, run, *trainer_argv(run)).returncode == 0
+    launched = json.loads((run / LAUNCH).read_text())
+    registry.register(run, 4343, [11])
+    entry = registry.latest()
+    assert (entry["run_dir"], entry["watchdog_pid"], entry["pids"], entry["launch"]) == (str(run), 4343, [11], launched)
+    assert stop(work, run).returncode == 0
+    assert launch(work, run, *trainer_argv(run)).returncode == 0
+    entry = registry.latest()
+    assert entry["watchdog_pid"] == 4343 and entry["launch"] == json.loads((run / LAUNCH).read_text()) != launched
+    assert [r["run_dir"] for r in registry.runs()] == [str(run)]
