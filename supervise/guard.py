@@ -56,7 +56,7 @@ class Call:
 
 # A run of ;&|() is one operator token, except the & of a redirection (2>&1, >&2, &>log), which
 # stays in its word: ``python train.py > log 2>&1`` runs in the foreground.
-_RAW_TOKEN = re.compile(r"""(?:[;|()]|&(?!>))+|(?:[<>]+&?|&>+|[^ \t\r\n;&|()<>'"\\]+|'[^']*'|"[^"\\]*(?:\\.[^"\\]*)*"|\\.)+|['"\\]""", re.S)
+_RAW_TOKEN = re.compile(r"""(?:[;|()]|&(?!>))+|(?:[^ \t\r\n;&|()<>'"\\]+|[<>]+&?|&>+|'[^']*'|"[^"\\]*(?:\\.[^"\\]*)*"|\\.)+|['"\\]""", re.S)
 _QUOTED_PART = re.compile(r"""'([^']*)'|"([^"\\]*(?:\\.[^"\\]*)*)"|\\(.)|([^'"\\]+)""", re.S)
 _DOUBLE_ESCAPE = re.compile(r'\\([\\"])')
 
