@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from supervise.rules import Thresholds  # noqa: E402
-from supervise.watch import Watcher  # noqa: E402
+from supervise.engine import Observer  # noqa: E402
+from supervise.judge import judge  # noqa: E402
 
 STEP = '{"step":%d,"t":%d.5,"loss":0.31,"lr":0.0001,"grad_norm":1.1,"sps":812.0}\n'
 
@@ -49,13 +50,13 @@ def poll_cost(lines: int) -> dict:
         make_file(run / "metrics.jsonl", lines)
         size = (run / "metrics.jsonl").stat().st_size
         t0 = time.perf_counter()
-        full = Watcher(run, Thresholds(poll=30, max_stall=1e9, hard_timeout=1e9))
+        full = Observer(run, Thresholds(poll=30, max_stall=1e9, hard_timeout=1e9))
         full.reader.catchup = 1 << 62   # what v0.1 did: fold every line once
-        full.poll()
+        full.observe()
         full_catch_up = time.perf_counter() - t0
-        w = Watcher(run, Thresholds(poll=30, max_stall=1e9, hard_timeout=1e9))
+        w = Observer(run, Thresholds(poll=30, max_stall=1e9, hard_timeout=1e9))
         t0 = time.perf_counter()
-        w.poll()
+        judge(w.observe(), w.th)
         catch_up = time.perf_counter() - t0
         skipped = w.reader.skipped_bytes
         step = lines * 10
@@ -67,7 +68,7 @@ def poll_cost(lines: int) -> dict:
                 f.flush()
                 before = w.reader.bytes_read
                 t0 = time.perf_counter()
-                v = w.poll()
+                v = judge(w.observe(), w.th)
                 costs.append(time.perf_counter() - t0)
                 read.append(w.reader.bytes_read - before)
                 assert v.state == "watching", v.line

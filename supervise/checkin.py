@@ -2,8 +2,10 @@
 watchdog, process, GPU, disk and the last error. At most 1,500 characters; bounded reads only."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -11,13 +13,15 @@ from typing import Optional
 
 from . import registry
 from .cli import EXIT_OK, EXIT_USAGE, Parser, count
-from .contract import LOG, METRICS, SENTINEL, WATCHDOG_STATE, is_finite, is_number, read_json
-from .logs import last_error, log_tail, oom_line
-from .probes import Nvml, disk_free, process
+from .contract import METRICS, WATCHDOG_STATE, is_finite, is_number, read_json
+from .engine import assess
+from .judge import judge
+from .logs import last_error, oom_line
+from .probes import disk_free, process
 from .ranks import rank_lines
 from .recovery import relaunch_line, watchdog_line
-from .rules import Thresholds
-from .watch import WatchState, assess
+from .rules import Anomaly, Thresholds
+from .watch import WatchState
 
 LIMIT = 1500
 SKIP_DIRS = {".git", "node_modules", ".venv", "venv", "__pycache__", "checkpoints", "tb", ".cache"}
@@ -60,104 +64,108 @@ def _g(v, digits=4) -> str:
     return str(v)
 
 
-def _verdict(w, wd: Optional[WatchState]) -> tuple:
-    """(headline, anomaly message) from the engine's one poll, or from a watchdog of the same
-    run that already found an anomaly (it saw every record; a tail may not hold them all)."""
-    same_run = wd is not None and wd.run_id == w.start.get("run_id")
-    if same_run and wd.state == "anomaly" and wd.kind:
-        return f"ANOMALY {wd.kind}", wd.message
-    v = w.verdict
-    if v.state == "done":
-        return "DONE", None
-    if v.state == "anomaly":
-        return f"ANOMALY {v.anomaly.kind}", v.line
-    if not w.run.n_steps and not any(p.alive for p in w.last_procs):
-        return "NOT STARTED", None
-    if not w.run.n_steps:
-        return "STARTING", None
-    return "RUNNING healthy", None
+def _said(wd: Optional[WatchState], start) -> Optional[Anomaly]:
+    """The anomaly a watchdog of this same run already reported: it saw every record, and one
+    look at a tail may not."""
+    if wd is None or wd.state != "anomaly" or not wd.kind or not wd.message:
+        return None
+    if wd.run_id != start.get("run_id") or wd.attempt != start.get("attempt"):
+        return None
+    return Anomaly(wd.kind, wd.step, wd.message)
 
 
-def _next(run_dir: Path, start: dict, verdict: str, message: Optional[str]) -> list:
-    """On an anomaly: the relaunch line (from the start record's argv and cwd, with the change the
-    kind calls for) and the watchdog line for the new attempt, each one physical line to run as
-    is; or why there is none."""
-    if not verdict.startswith("ANOMALY "):
+def _next(run_dir: Path, obs, verdict, wd: Optional[WatchState], wd_alive: bool) -> list:
+    """What to run next, each one physical line: on an anomaly the relaunch line (from the start
+    record's argv and cwd, with the change the kind calls for) and the watchdog line for the new
+    attempt, or why there is none; for a live run that no watchdog watches, the watchdog line
+    with the flags the last watchdog used."""
+    flags = " " + shlex.join(wd.argv) if wd is not None and wd.argv else ""
+    if verdict.state != "anomaly":
+        if verdict.state in ("watching", "finishing") and obs.alive and not wd_alive:
+            return [watchdog_line(run_dir) + flags]
         return []
-    kind = verdict.split()[1]
-    line = relaunch_line(start, kind, run_dir, message=message or "")
+    kind = verdict.kind
+    if obs.relaunch is not None and not obs.relaunch.alive:
+        return [f"no relaunch line: the last relaunch (pid {obs.relaunch.pid}) died before its start record; "
+                "fix the error above in its command, then relaunch; see references/recovery.md"]
+    start = dict(obs.records.start)
+    line = relaunch_line(start, kind, run_dir, message=verdict.line or "")
     if line is None:
         why = ("the start record has no argv/cwd (an older writer)" if not start.get("argv") else
                f"a relaunch does not fix {kind}")
         return [f"no relaunch line: {why}; see references/recovery.md ({kind})"]
-    return [line, watchdog_line(run_dir)]
+    return [line, watchdog_line(run_dir) + flags]
 
 
 def gather(run_dir: Path, k: int = 5, now: Optional[float] = None, gpu=None) -> dict:
-    """Every fact of the check-in as a dict (``--json`` prints it)."""
+    """Every fact of the check-in as a dict (``--json`` prints it): one look by the watchdog's
+    own observer and judge, rendered."""
     now = now or time.time()
-    metrics = run_dir / METRICS
-    try:
-        mtime = metrics.stat().st_mtime
-    except OSError:
-        mtime = None
     wd = WatchState.from_json(read_json(run_dir / WATCHDOG_STATE))
     th = Thresholds.from_dict(wd.thresholds if wd else None)
-    w = assess(run_dir, th, gpu=gpu, slurm_job=wd.slurm_job if wd else None)
-    verdict, message = _verdict(w, wd)
-    start = w.start or None
-    steps, evals = list(w.run.steps), list(w.run.evals)  # what the engine read: no second pass
-    fatal = w.run.fatal
-    final = read_json(run_dir / SENTINEL) if verdict == "DONE" else None
-    procs = w.last_procs
+    _, obs, verdict = assess(run_dir, th, gpu=gpu, slurm_job=wd.slurm_job if wd else None)
+    said = _said(wd, obs.records.start)
+    if said is not None:
+        obs = dataclasses.replace(obs, watchdog_said=said)
+        verdict = judge(obs, th)
+    rec = obs.records
+    start = dict(rec.start) or None
+    steps, evals = list(rec.steps), list(rec.evals)  # what the engine read: no second pass
+    final = dict(obs.sentinel) if verdict.state == "done" and obs.sentinel else None
+    procs = obs.processes
     proc = next((p for p in procs if p.alive), procs[0] if procs else None)
-    if proc is not None and proc.alive:
-        proc = process(proc.pid, cpu_interval=0.05)
+    info = process(proc.pid, cpu_interval=0.05) if proc is not None and proc.alive else None
     wd_proc = process(wd.watchdog_pid) if wd and wd.watchdog_pid else None
-    log = log_tail(run_dir / LOG, 120)
+    wd_alive = bool(wd_proc and wd_proc.alive and wd.state in ("watching", "finishing"))
+    log = list(obs.log_tail)
     err = oom_line(log) or last_error(log)
-
+    mtime = obs.metrics_mtime
     last = steps[-1] if steps else None
     age = now - mtime if mtime is not None else None
     total = (start or {}).get("total_steps")
-    step = w.run.last_step
+    step = rec.last_step
     per_step = ((start or {}).get("batch_size") or 0) * ((start or {}).get("world_size") or 1)
     recent_sps = [r["sps"] for r in steps[-k:] if is_finite(r.get("sps"))]
     eta = None
-    if verdict == "RUNNING healthy" and total and total > step and recent_sps and per_step:
-        eta = (total - step) / (sorted(recent_sps)[len(recent_sps) // 2] / per_step)
+    if verdict.headline == "RUNNING healthy" and total and total > step:
+        if recent_sps and per_step:
+            eta = (total - step) / (sorted(recent_sps)[len(recent_sps) // 2] / per_step)
+        elif rec.steps_per_s:
+            eta = (total - step) / rec.steps_per_s
+    limit = None
+    if obs.time_limit is not None:
+        limit = f"{_age(obs.time_limit)} from the run's start ({obs.time_limit_why}); {_age(obs.now - obs.started)} used"
     return {
-        "run_dir": str(run_dir), "verdict": verdict, "metrics_age_s": age,
-        "watchdog_message": message, "fatal": (fatal or {}).get("FATAL"),
-        "warnings": [a.message for a in w.rules.warnings()],
+        "run_dir": str(run_dir), "verdict": verdict.headline, "metrics_age_s": age,
+        "watchdog_message": verdict.line if verdict.state == "anomaly" else None,
+        "fatal": (rec.fatal or {}).get("FATAL"),
+        "notes": list(verdict.notes),
+        "warnings": [a.message for a in verdict.warnings],
         "run_id": (start or {}).get("run_id"), "attempt": (start or {}).get("attempt"),
         "step": step, "total_steps": total,
-        "elapsed_s": (last or {}).get("t"), "eta_s": eta,
+        "elapsed_s": (last or {}).get("t"), "eta_s": eta, "time_limit": limit or f"none ({obs.time_limit_why})",
         "steps": [{f: r.get(f) for f in ("step", "loss", "lr", "grad_norm", "sps")} for r in steps[-k:]] if k else [],
         "loss_trend": [steps[0].get("loss"), last.get("loss")] if len(steps) > 1 else None,
         "eval": {kk: v for kk, v in evals[-1].items() if kk == "step" or kk.startswith("eval_")} if evals else None,
-        "best_eval": w.run.best_eval,
+        "best_eval": dict(rec.best_eval) if rec.best_eval else None,
         "auroc_trend": [e.get("eval_auroc") for e in evals[-4:] if "eval_auroc" in e],
-        "final": final if isinstance(final, dict) else None,
+        "final": final,
         "watchdog": None if wd is None else {
-            "alive": bool(wd_proc and wd_proc.alive), "state": wd.state,
+            "alive": wd_alive, "state": wd.state,
             "last_poll_age_s": now - wd.last_poll if wd.last_poll is not None else None,
             "bad_lines": wd.records.get("bad_lines") if is_number(wd.records.get("bad_lines")) else None},
-        "process": None if proc is None else {"pid": proc.pid, "state": proc.state, "cpu_percent": proc.cpu_percent,
-                                              "rss_mb": proc.rss / 2**20 if proc.rss else None},
-        "next": _next(run_dir, w.start, verdict, message),
-        "ranks": rank_lines(w.ranks, now, w.rank_procs) if len(w.ranks) > 1 else [],
-        "slurm": None if w.slurm is None else (w.slurm.error or f"job {w.slurm.job_id} {w.slurm.state}"
-                                               + (f" on {w.slurm.nodes}" if w.slurm.nodes else "")),
-        "gpu": _gpu_lines(gpu),
+        "process": None if proc is None else {
+            "pid": proc.pid, "state": info.state if info else proc.state, "why": proc.why,
+            "cpu_percent": info.cpu_percent if info else None,
+            "rss_mb": info.rss / 2**20 if info and info.rss else None},
+        "next": _next(run_dir, obs, verdict, wd, wd_alive),
+        "ranks": rank_lines(obs.ranks, now, obs.rank_procs) if len(obs.ranks) > 1 else [],
+        "slurm": None if obs.slurm is None else (obs.slurm.error or f"job {obs.slurm.job_id} {obs.slurm.state}"
+                                                 + (f" on {obs.slurm.nodes}" if obs.slurm.nodes else "")),
+        "gpu": list(obs.gpu_lines),
         "disk_free_gb": (lambda d: d[0] / 1e9 if d else None)(disk_free(str(run_dir / "checkpoints"))),
         "last_error": err,
     }
-
-
-def _gpu_lines(gpu) -> list:
-    report = (gpu or Nvml()).read()
-    return [g.line() for g in report.gpus] if report.available else [report.note]
 
 
 def render(f: dict, limit: int = LIMIT) -> str:
@@ -168,6 +176,7 @@ def render(f: dict, limit: int = LIMIT) -> str:
         head.append(f["watchdog_message"][:400])
     elif f["fatal"]:
         head.append(f"FATAL: {f['fatal'][:300]}")
+    head += [f"note: {x}" for x in f.get("notes") or []]
     head += [f"next: {x}" for x in f.get("next") or []]
     head += [f"warning: {x[len('ANOMALY '):][:300]}" for x in f.get("warnings") or []]
     if f["last_error"] and f["verdict"] != "DONE":
@@ -179,7 +188,7 @@ def render(f: dict, limit: int = LIMIT) -> str:
     prog = (f"attempt {f['attempt']}, " if f.get("attempt") else "") + f"step {f['step']}" + (f"/{total} ({100 * f['step'] / total:.0f}%)" if is_number(total) and total else "")
     prog += f", elapsed {_age(f['elapsed_s'])}" if f["elapsed_s"] is not None else ""
     prog += f", ETA {_age(f['eta_s'])}" if f["eta_s"] is not None else ""
-    body = [prog]
+    body = [prog, f"time limit: {f['time_limit']}"] if f.get("time_limit") else [prog]
     if f["steps"]:
         body.append(f"{'step':>7} {'loss':>8} {'lr':>9} {'grad':>8} {'sps':>8}")
         for r in f["steps"]:
@@ -194,7 +203,7 @@ def render(f: dict, limit: int = LIMIT) -> str:
                     + (f"; best auroc={_g(b.get('eval_auroc'))} @{b.get('step')}" if b else "")
                     + ("; auroc trend " + " ".join(_g(x, 3) for x in f["auroc_trend"]) if f["auroc_trend"] else ""))
     w = f["watchdog"]
-    body.append("watchdog: none (launch scripts/watchdog.py RUN_DIR beside the run)" if w is None else
+    body.append("watchdog: none (start the next: watchdog line beside the run)" if w is None else
                 f"watchdog: {'alive' if w['alive'] else 'not running'}, {w['state']}, last poll "
                 f"{_age(w['last_poll_age_s'])} ago, bad lines {w['bad_lines']}")
     body += f.get("ranks") or []
@@ -204,7 +213,7 @@ def render(f: dict, limit: int = LIMIT) -> str:
     if p:
         cpu = f", cpu {p['cpu_percent']:.0f}%" if p["cpu_percent"] is not None else ""
         rss = f", rss {p['rss_mb']:.0f} MB" if p["rss_mb"] else ""
-        body.append(f"process {p['pid']}: {p['state']}{cpu}{rss}")
+        body.append(f"process {p['pid']} ({p['why']}): {p['state']}{cpu}{rss}")
     body += [f"gpu: {g}" if g.startswith("no GPU") else g for g in f["gpu"][:8]]
     if f["disk_free_gb"] is not None:
         body.append(f"disk free: {f['disk_free_gb']:.1f} GB")
@@ -232,6 +241,10 @@ def main(argv=None) -> int:
     p.add_argument("--lines", type=count, default=5, metavar="K", help="step records shown (default: 5)")
     p.add_argument("--plot", action="store_true", help="also write RUN_DIR/metrics.png (needs matplotlib)")
     a = p.parse_args(argv)
+    if a.run_dir == "" or (a.run_dir is not None and not a.run_dir.strip()):
+        print("checkin.py: error: an empty path is not a run directory; pass the folder holding metrics.jsonl, "
+              "or nothing for the newest registered run", file=sys.stderr)
+        return EXIT_USAGE
     if a.run_dir:
         run_dir = Path(a.run_dir)
         if not run_dir.is_dir():

@@ -1,4 +1,4 @@
-"""The telemetry contract: record shapes, a writer, a validator and a tail reader.
+"""The telemetry contract: record shapes, a validator and a tail reader (writers: telemetry.py).
 
 One JSON object per line in ``RUN_DIR/metrics.jsonl``:
 
@@ -19,7 +19,6 @@ import mmap
 import os
 import stat
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -81,6 +80,11 @@ def is_number(v) -> bool:
 
 def is_finite(v) -> bool:
     return is_number(v) and math.isfinite(v)
+
+
+def is_count(v) -> bool:
+    """A whole number >= 0 (a pid, a rank, a step), bool never counting as one."""
+    return is_finite(v) and v >= 0 and float(v).is_integer()
 
 
 def _type_ok(value, want: str, name: str) -> bool:
@@ -177,6 +181,13 @@ def sanitize(rec: dict) -> dict | None:
         except KeyError:
             t = None
         out["t"] = t if t is not None and math.isfinite(t) else None
+    for name in ("time", "sps") if kind is None else ():   # a rank heartbeat: wall time, the rank's sps
+        if name in out:
+            try:
+                v = _float(out[name])
+            except KeyError:
+                v = None
+            out[name] = v if v is not None and math.isfinite(v) else None
     if "step" in out or kind in ("step", "eval"):
         out["step"] = _count(out.get("step"))
         if out["step"] is None and kind in ("step", "eval"):
@@ -279,37 +290,6 @@ def dumps(rec: dict) -> str:
     return json.dumps(rec, separators=(",", ":")) + "\n"
 
 
-class MetricsWriter:
-    """Appends records, one ``os.write`` per line on an O_APPEND descriptor: a reader sees
-    whole lines or a torn tail, never two writers' bytes interleaved in one line."""
-
-    def __init__(self, path: str | os.PathLike):
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self.path = str(path)
-        self.t0 = time.monotonic()
-        self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-
-    def write(self, rec: dict) -> None:
-        rec.setdefault("t", round(time.monotonic() - self.t0, 3))
-        os.write(self.fd, dumps(rec).encode())
-
-    def start(self, **fields) -> None:
-        self.write({"event": "start", "t": 0, "pid": os.getpid(), **fields})
-
-    def step(self, step: int, loss, lr, grad_norm, sps, **extra) -> None:
-        self.write({"step": step, "t": round(time.monotonic() - self.t0, 3), "loss": loss,
-                    "lr": lr, "grad_norm": grad_norm, "sps": sps, **extra})
-
-    def eval(self, step: int, eval_auroc, eval_acc, **extra) -> None:
-        self.write({"step": step, "eval_auroc": eval_auroc, "eval_acc": eval_acc, **extra})
-
-    def fatal(self, step: int, reason: str) -> None:
-        self.write({"step": step, "t": round(time.monotonic() - self.t0, 3), "FATAL": reason})
-
-    def close(self) -> None:
-        os.close(self.fd)
-
-
 def atomic_write_json(path: str | os.PathLike, obj) -> None:
     """Write JSON to a temporary file in the same folder, then rename it over ``path``."""
     path = Path(path)
@@ -348,7 +328,7 @@ _NOTABLE = (b"NaN", b"Infinity", b"null", b"FATAL", b'"eval_', b'"event"')
 # Every byte of a plain step record (the contract's keys, numbers, punctuation). A chunk made of
 # these alone holds no notable token (each has a byte outside: N, I, F, the u of null, the v of
 # eval/event), so one translate pass skips it without six searches.
-_PLAIN = b'{}[]"0123456789.,:-+eE \t\r\n' + b"steplossrgadnum_"
+_PLAIN = b'{}[]"0123456789.,:-+eE \t\r\n' + b"steplossrgadnm_"
 
 
 def _notable_lines(data: bytes) -> list:
@@ -388,6 +368,7 @@ class TailReader:
     head: int = 64 << 10
     tail: int = 256 << 10
     notable: bool = True      # re-attach: parse the middle's notable lines (False: head and tail only)
+    max_append: int = 0       # > 0: of more bytes appended since the last read, read only the last this many
     offset: int = 0
     lines: int = 0
     bad_lines: int = 0
@@ -441,6 +422,8 @@ class TailReader:
                 f.seek(0)
                 self._head = f.read(64)
                 yield from self._catch_up(f, end)
+            if self.max_append and end - self.offset > self.max_append:
+                self._skip_to(f, end - self.max_append)
             f.seek(self.offset)
             while self.offset < end:
                 data = f.read(min(self.chunk, end - self.offset))
@@ -451,6 +434,14 @@ class TailReader:
                     self._head = data[:64]
                 self.offset += len(data)
                 yield from self._split(data)
+
+    def _skip_to(self, f, pos: int) -> None:
+        """Go on from the first line boundary at or after ``pos``; what lies before is skipped."""
+        f.seek(pos)
+        nl = f.read(self.max_line).find(b"\n")
+        new = pos + nl + 1 if nl >= 0 else pos
+        self.skipped_bytes += new - self.offset
+        self.offset, self._buf, self._dropping = new, b"", False
 
     def _last_start(self, f, end: int) -> int:
         """Offset of the line holding the last start record, 0 when there is none. A backward

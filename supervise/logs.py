@@ -125,16 +125,21 @@ def last_error(lines) -> Optional[str]:
     """The real error in ``lines``: torchrun's root cause when its failure block is there (the
     first failing rank's message, not the launcher's ``ChildFailedError`` or its '=====' banner),
     else the last line of the last traceback that is not fallout (another rank's timeout or
-    closed connection), else the last traceback line at all; None without a traceback."""
+    closed connection), else the last traceback line at all; else an argparse-style
+    ``prog: error: ...`` line among the last ones; None without either."""
     lines = [ln.rstrip() for ln in lines]
     cause = root_cause(lines)
     if cause is not None:
         return cause.summary()
     errors = [text for _, text in _tracebacks(lines)]
-    if not errors:
-        return None
+    if not errors:  # argparse and sys.exit('...') end a script without a traceback
+        return next((ln.strip() for ln in reversed(lines[-USAGE_TAIL:]) if _USAGE_ERROR.match(ln.strip())), None)
     real = [e for e in errors if not is_fallout(e)]
     return (real or errors)[-1]
+
+
+USAGE_TAIL = 5
+_USAGE_ERROR = re.compile(r"^[\w.\-/]+: error: \S")   # "train.py: error: unrecognized arguments: --resume"
 
 
 # --- torchrun's root-cause block --------------------------------------------------------------

@@ -39,8 +39,8 @@ def plot(run_dir) -> str:
     th = Thresholds.from_dict(wd.get("thresholds"))
     n_labels = start.get("num_labels")
     n_labels = int(n_labels) if is_finite(n_labels) and 2 <= n_labels <= 1e9 else th.num_labels
-    from .watch import assess  # the watchdog's own engine: the picture says what the watchdog says
-    verdict = assess(run_dir, th).verdict
+    from .engine import assess  # the watchdog's own engine: the picture says what the watchdog says
+    verdict = assess(run_dir, th)[2]
     wd_step = verdict.anomaly.step if verdict.anomaly else None
 
     fig, ax = plt.subplots(4, 1, figsize=(7.2, 10.8), dpi=150, sharex=True)

@@ -13,8 +13,6 @@ try:
 except ImportError:  # a plain checkout run by a bare Python
     psutil = None
 
-from .rules import Process
-
 _PSUTIL_STATES = {"running": "running", "sleeping": "sleeping", "disk-sleep": "sleeping",
                   "idle": "sleeping", "stopped": "stopped", "tracing-stop": "stopped",
                   "zombie": "zombie", "dead": "dead", "waking": "running", "parked": "sleeping"}
@@ -34,9 +32,6 @@ class ProcInfo:
     @property
     def alive(self) -> bool:
         return self.state not in ("gone", "zombie", "dead")
-
-    def as_rule(self) -> Process:
-        return Process(self.pid, self.state)
 
 
 def _proc_stat(pid: int) -> Optional[ProcInfo]:

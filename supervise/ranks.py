@@ -15,7 +15,6 @@ The rules are pure: state + ``now`` + process states + numbers in, ``Anomaly | N
 """
 from __future__ import annotations
 
-import json
 import os
 import socket
 import stat
@@ -25,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Optional
 
+from .contract import TailReader, is_count, is_finite
 from .logs import RootCause, oom_line
 from .rules import Anomaly, anomaly, secs
 
@@ -66,35 +66,26 @@ class RankState:
         return " ".join(b for b in bits if b)
 
 
-class _Tail:
-    __slots__ = ("offset", "partial", "ino", "size")
-
-    def __init__(self):
-        self.offset, self.partial, self.ino, self.size = 0, b"", None, -1
-
-
-def _num(x) -> Optional[float]:
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        return None
-    x = float(x)
-    return x if x == x and abs(x) != float("inf") else None
-
-
 class RankFiles:
     """The heartbeat files of one run directory, read incrementally.
 
-    ``poll()`` lists RUN_DIR/ranks/rank-<N>.jsonl, stats each file and reads only the bytes
-    appended since the last poll (at most MAX_READ per file: a file that grew more is read from
-    its last MAX_READ bytes; a file seen for the first time, from its last FIRST_READ bytes, so
-    that attaching to a long run costs no more than a few polls). A file that shrank or was
-    replaced is read again from its start.
-    Returns ``{rank: RankState}`` for the files that held at least one heartbeat or FATAL."""
+    ``poll()`` lists RUN_DIR/ranks/rank-<N>.jsonl and reads each through its own
+    ``contract.TailReader`` (the metrics file's reader: offsets, torn lines, truncation and
+    replacement, regular files only), bounded: a file seen for the first time is read from its
+    last FIRST_READ bytes, so that attaching to a long run costs no more than a few polls, and
+    at most MAX_READ appended bytes per poll (a file that grew more is read from its last
+    MAX_READ bytes). Returns ``{rank: RankState}`` for the files that held at least one
+    heartbeat or FATAL."""
 
     def __init__(self, run_dir):
         self.dir = Path(run_dir) / "ranks"
-        self._tails: dict[int, _Tail] = {}
+        self._readers: dict[int, TailReader] = {}
         self.state: dict[int, RankState] = {}
-        self.skipped = 0      # garbage lines seen so far
+
+    @property
+    def skipped(self) -> int:
+        """Garbage lines seen so far, over every rank file."""
+        return sum(r.bad_lines for r in self._readers.values())
 
     def poll(self, since: Optional[float] = None) -> dict[int, RankState]:
         """Read what was appended; the ranks that have written. ``since`` (wall clock, the
@@ -109,9 +100,8 @@ class RankFiles:
             if not (name.startswith("rank-") and name.endswith(".jsonl")):
                 continue
             num = name[5:-6]
-            if not num.isdigit():
-                continue
-            self._read(int(num), e.path)
+            if num.isdigit():
+                self._read(int(num), e.path)
         return {r: s for r, s in self.state.items() if (s.records or s.fatal)
                 and (since is None or (s.last_seen or 0.0) >= since)}
 
@@ -122,73 +112,28 @@ class RankFiles:
             return
         if not stat.S_ISREG(st.st_mode):
             return
-        tail = self._tails.get(rank)
-        if tail is None:
-            tail = self._tails[rank] = _Tail()
+        reader = self._readers.get(rank)
+        if reader is None:
+            reader = self._readers[rank] = TailReader(path, catchup=FIRST_READ, head=0, tail=FIRST_READ,
+                                                      notable=False, max_append=MAX_READ, max_line=MAX_PARTIAL)
         s = self.state.get(rank)
         if s is None:
             s = self.state[rank] = RankState(rank=rank, path=path)
-        if tail.ino is not None and (st.st_ino != tail.ino or st.st_size < tail.offset):
-            tail.offset, tail.partial, tail.size = 0, b"", -1   # replaced or truncated: a new file
-        tail.ino = st.st_ino
         s.mtime = st.st_mtime
-        if st.st_size == tail.offset:
-            return
-        start = tail.offset
-        bound = FIRST_READ if tail.size < 0 else MAX_READ
-        tail.size = st.st_size
-        if st.st_size - start > bound:
-            start, tail.partial = st.st_size - bound, b""
-            cut = True
-        else:
-            cut = False
-        try:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-        except OSError:
-            return
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return
-            os.lseek(fd, start, os.SEEK_SET)
-            data = os.read(fd, st.st_size - start)
-        except OSError:
-            return
-        finally:
-            os.close(fd)
-        tail.offset = start + len(data)
-        data = tail.partial + data
-        lines = data.split(b"\n")
-        tail.partial = lines.pop()
-        if len(tail.partial) > MAX_PARTIAL:
-            tail.partial = b""
-            self.skipped += 1
-        if cut and lines:
-            lines = lines[1:]  # the first one was cut by the bounded read
-        for raw in lines:
-            self._apply(s, raw)
+        for rec in reader.records():
+            self._apply(s, rec)
 
-    def _apply(self, s: RankState, raw: bytes):
-        if not raw.strip():
-            return
-        try:
-            rec = json.loads(raw)
-        except ValueError:
-            self.skipped += 1
-            return
-        if not isinstance(rec, dict):
-            self.skipped += 1
-            return
+    @staticmethod
+    def _apply(s: RankState, rec: dict):
         if "FATAL" in rec:
             s.fatal = str(rec.get("FATAL"))[:300]
         step = rec.get("step")
-        if isinstance(step, bool) or not isinstance(step, int):
-            step = int(step) if isinstance(step, float) and step == step and abs(step) < 1e18 else None
         if step is None:
             return
         pid = rec.get("pid")
         if "FATAL" not in rec:
             s.records += 1
-            if isinstance(pid, int) and s.pid is not None and pid != s.pid:
+            if is_count(pid) and s.pid is not None and pid != s.pid:
                 s.fatal = None       # a relaunched rank: the old process's FATAL and sps are history
                 s.history.clear()
         s.step = step
@@ -197,13 +142,13 @@ class RankFiles:
             s.host = host[:100]
         for name in ("pid", "local_rank"):
             v = rec.get(name)
-            if isinstance(v, int) and not isinstance(v, bool):
-                setattr(s, name, v)
-        t, when, sps = _num(rec.get("t")), _num(rec.get("time")), _num(rec.get("sps"))
-        if t is not None:
+            if is_count(v):
+                setattr(s, name, int(v))
+        t, when, sps = rec.get("t"), rec.get("time"), rec.get("sps")
+        if is_finite(t):
             s.t = t
-        s.time = when if when is not None else s.mtime
-        if sps is not None:
+        s.time = when if is_finite(when) else s.mtime
+        if is_finite(sps):
             s.sps = sps
             if s.time is not None:
                 s.history.append((s.time, sps))

@@ -2,7 +2,8 @@
 
 Record rules see every record of the current run in order (``update(rec) -> Anomaly | None``)
 and the engine keeps their first hit, so what they report never depends on when a poll lands.
-Process rules are pure functions of one poll's ``Window``. Every message has one shape:
+The process, rank, scheduler and time rules are pure functions of one ``Observation``: they and
+the rule table that orders every kind live in judge.py. Every message has one shape:
 ``ANOMALY <kind>: <what> = <value> <op> <threshold> at step N. <fix>.``
 Thresholds live in ``Thresholds``; every field is a watchdog flag (``--max-stall`` for
 ``max_stall``) with its unit and default in ``--help`` and in references/thresholds.md.
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field, fields
 from typing import Optional
 
 from .contract import is_finite, kind_of
-from .logs import is_fallout, last_error, oom_line  # (log knowledge lives in logs.py)
+from .logs import is_fallout  # (log knowledge lives in logs.py)
 
 # Every kind, most specific first: when several hold in one poll the first one is reported.
 KINDS = ("blind", "nan", "fatal", "oom", "crash", "node_fail", "preempted", "diverged", "loss_spike",
@@ -40,9 +41,10 @@ class Thresholds:
     min_stall: float = _th(120.0, "s", "the learned stall (--stall-factor x the longest gap between records) is never shorter than this", True)
     stall_factor: float = _th(5.0, "x", "once the run shows its rhythm (20 step records and an eval, so that the longest gap holds an eval and a save), a silence this many times its longest gap is a stall; 0 turns learning off")
     startup_grace: float = _th(300.0, "s", "silence allowed before the first step record (tokenizing, loading weights)", True)
-    orphan_grace: float = _th(10.0, "s", "no live process writes train.log this long (and none was seen): the run is judged from its log", True)
+    orphan_grace: float = _th(2.0, "s", "relaunch grace: what a watchdog finds at attach with no process of the run (an old sentinel, FATAL, first hit or traceback) is confirmed after this long, so that a relaunch started beside it can show", True)
     rank_grace: float = _th(10.0, "s", "one of several run processes gone this long while the others live: dead", True)
-    hard_timeout: float = _th(10800.0, "s", "wall time since the watchdog started: timeout", True)
+    hard_timeout: float = _th(0.0, "s", "wall time since the run started after which it is over: timeout; 0 takes the limit from the plan (the launcher's --window, else the start record's total_steps at the measured step rate x --timeout-margin), and no limit while neither is known", True)
+    timeout_margin: float = _th(1.5, "x", "a run projected from its own step rate is over its plan after this many times the projection")
     min_auroc: float = _th(0.70, "AUROC", "eval AUROC below this after --min-auroc-step: stuck_auroc; at or below 1 - this: inverted_labels")
     min_auroc_step: int = _th(500, "steps", "warm-up before stuck_auroc applies")
     num_labels: int = _th(2, "classes", "chance loss is ln(num_labels); a start record's value is used when this is not given")
@@ -117,6 +119,50 @@ def chance(n: Optional[int]) -> Optional[float]:
 
 # ---------------------------------------------------------------------------------------------
 # The current run: facts derived once, shared by the record rules
+class StallClock:
+    """The learned stall, in one place (like NVRx's TimeoutsCalc): fed every record's time in
+    order, it answers what silence is a stall now, and why. Until the run has shown its rhythm
+    (--stall-factor needs 20 step records and an eval, so that the longest gap holds an eval and
+    a save) the answer is --max-stall; then --stall-factor x the longest gap between records,
+    never under --min-stall. An ``expect`` record (an announced eval or save) extends the answer
+    to its seconds + --min-stall until the next record; that silence never counts as a gap."""
+
+    def __init__(self, th: Thresholds):
+        self.th = th
+        self.longest_gap = 0.0      # s between consecutive records (record time t)
+        self.expect: Optional[dict] = None
+        self._last_t: Optional[float] = None
+        self.steps = self.evals = 0
+
+    def update(self, rec: dict, kind: Optional[str]) -> None:
+        t = rec.get("t")
+        if kind in ("step", "eval", "fatal") and t is not None:
+            if self._last_t is not None and t > self._last_t and self.expect is None:
+                self.longest_gap = max(self.longest_gap, t - self._last_t)
+            self._last_t = t
+        self.steps += kind == "step"
+        self.evals += kind == "eval"
+        if kind == "expect":
+            self.expect = rec
+        elif kind is not None:
+            self.expect = None
+
+    def limit(self) -> tuple:
+        """(seconds of silence that are a stall now, why: '' or ' (learned: ...)')."""
+        th = self.th
+        after, why = th.max_stall, ""
+        shown = self.steps >= 20 and self.evals >= 1  # a run without evals keeps --max-stall (a save is silent too)
+        if th.stall_factor > 0 and self.longest_gap > 0 and shown:
+            learned = max(th.min_stall, th.stall_factor * self.longest_gap)
+            if learned < after:
+                after, why = learned, f" (learned: {th.stall_factor:g} x the longest gap {secs(self.longest_gap)})"
+        if self.expect is not None:
+            announced = self.expect["seconds"] + th.min_stall
+            if announced > after:
+                after, why = announced, f" (announced: {self.expect.get('why') or 'a pause'} of {secs(self.expect['seconds'])})"
+        return after, why
+
+
 # ---------------------------------------------------------------------------------------------
 class Run:
     """What the records of the current attempt (after its last start record) have said."""
@@ -134,9 +180,10 @@ class Run:
         self.best_eval: Optional[dict] = None
         self.evals: deque = deque(maxlen=8)     # the latest eval records, for check-in's trend
         self.fatal: Optional[dict] = None
-        self.expect: Optional[dict] = None      # the latest announced silence, until a record follows
-        self.longest_gap = 0.0                  # s between consecutive records (record time t)
-        self._last_t: Optional[float] = None
+        self.stall = StallClock(th)
+        self.first_t: Optional[float] = None    # record time of the first and the last step record
+        self.first_step: Optional[int] = None
+        self.last_t: Optional[float] = None
 
     @property
     def task(self) -> str:
@@ -167,17 +214,9 @@ class Run:
         step = rec.get("step")
         if step is not None and step > self.last_step:
             self.last_step = step
-        t = rec.get("t")
-        if kind in ("step", "eval", "fatal") and t is not None:
-            if self._last_t is not None and t > self._last_t and self.expect is None:
-                self.longest_gap = max(self.longest_gap, t - self._last_t)
-            self._last_t = t
-        if kind != "expect" and kind is not None:
-            self.expect = None
+        self.stall.update(rec, kind)
         if kind == "fatal":
             self.fatal = self.fatal or rec
-        elif kind == "expect":
-            self.expect = rec
         elif kind == "eval":
             self.n_evals += 1
             self.last_eval = rec
@@ -188,8 +227,20 @@ class Run:
         elif kind == "step":
             self.n_steps += 1
             self.steps.append(rec)
+            t = rec.get("t")
+            if t is not None:
+                if self.first_t is None:
+                    self.first_t, self.first_step = t, rec["step"]
+                self.last_t = t
         elif kind is None:
             self.unknown += 1
+
+    @property
+    def steps_per_s(self) -> Optional[float]:
+        """Steps per second of record time over the attempt's step records, None before two."""
+        if self.first_t is None or self.last_t is None or self.last_t <= self.first_t:
+            return None
+        return (self.last_step - self.first_step) / (self.last_t - self.first_t)
 
     def recent(self, name: str, n: int) -> list:
         """The last ``n`` step records' values of ``name`` (all of them, finite or not)."""
@@ -489,6 +540,11 @@ RECORD_RULES = (Nan, Fatal, Diverged, LossSpike, InvertedLabels, StuckAuroc, Cha
 WARNING_ONLY = ("overfit",)   # kinds that are a check-in warning unless their alarm flag is set
 
 
+def is_warning(kind: str, th: Thresholds) -> bool:
+    """A kind that is a check-in warning, not an alarm, under these thresholds."""
+    return kind in WARNING_ONLY and not th.overfit_alarm
+
+
 class RecordRules:
     """Every record rule over the current run. ``add(rec)`` folds one record; a start record
     begins a new run (attempt) and forgets the old one's findings: its FATAL is history."""
@@ -522,159 +578,10 @@ class RecordRules:
 
     def findings(self) -> dict:
         """kind -> first hit, warnings left out unless their alarm flag is on."""
-        return {k: a for k, a in self.hits.items() if k not in WARNING_ONLY or self.th.overfit_alarm}
+        return {k: a for k, a in self.hits.items() if not is_warning(k, self.th)}
 
     def warnings(self) -> list:
-        return [a for k, a in self.hits.items() if k in WARNING_ONLY and not self.th.overfit_alarm]
-
-
-# ---------------------------------------------------------------------------------------------
-# Process rules: pure functions of one poll
-# ---------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Process:
-    """One watched process as a probe saw it. state: running|sleeping|stopped|zombie|gone|..."""
-
-    pid: int
-    state: str
-    why: str = ""    # how the watchdog knows it: "--pid", "start record", "writes train.log"
-
-    @property
-    def alive(self) -> bool:
-        return self.state not in ("gone", "zombie", "dead")
-
-
-@dataclass(frozen=True)
-class Window:
-    """What one poll knows besides the records. Built by ``watch.py``; the rules only read it."""
-
-    now: float                       # wall clock, s
-    started: float                   # when the run began (its oldest process), else watching began
-    watch_started: float             # when the watchdog itself started
-    last_step: int = 0
-    has_steps: bool = False          # a step record (or FATAL/NaN) of the current run exists
-    metrics_mtime: Optional[float] = None
-    quiet_since: Optional[float] = None  # the later of the last metrics write and the newest run process's birth
-    stall_after: float = 360.0       # s of silence that is a stall now (learned, announced or --max-stall)
-    stall_why: str = ""              # how stall_after was set
-    processes: tuple = ()            # Process, one per run process seen
-    died_for: float = 0.0            # s since the first run process went while others live
-    orphan: bool = False             # no run process is known, yet train.log or metrics.jsonl exists
-    orphan_for: float = 0.0          # s it has been so
-    log_tail: tuple = ()             # filtered last lines of the log (read once something died)
-    blind: str = ""                  # why the watchdog cannot see the run, '' when it can
-    gpu_util: Optional[float] = None # max utilization of the run's GPUs, %; None: no GPU
-    gpu_idle_for: float = 0.0        # s the run's GPUs have been under the idle floor
-
-
-def _died(w: Window, th: Thresholds) -> bool:
-    gone = [p for p in w.processes if not p.alive]
-    if not w.processes:
-        return w.orphan and w.orphan_for >= th.orphan_grace
-    if not gone:
-        return False
-    return len(gone) == len(w.processes) or w.died_for > th.rank_grace
-
-
-def rule_blind(w: Window, th: Thresholds) -> Optional[Anomaly]:
-    if not w.blind:
-        return None
-    return anomaly("blind", f"read error = {w.blind!r}", w.last_step,
-                   "The watchdog cannot see the run: fix the file's permissions or type (it must be a "
-                   "regular file), then restart the watchdog")
-
-
-def rule_oom(w: Window, th: Thresholds) -> Optional[Anomaly]:
-    line = oom_line(w.log_tail) if _died(w, th) else None
-    if line is None:
-        return None
-    return anomaly("oom", f"log line = {line[:160]!r} after the process died", w.last_step,
-                   "Out of memory: halve the per-device batch size (keep the effective batch with "
-                   "gradient accumulation) or shorten the sequence length, then relaunch")
-
-
-def rule_crash(w: Window, th: Thresholds) -> Optional[Anomaly]:
-    err = last_error(w.log_tail) if _died(w, th) else None
-    if err is None:
-        return None
-    return anomaly("crash", f"last traceback line = {err[:200]!r} after the process died", w.last_step,
-                   "Fix that error (checkin.py shows the log tail), then relaunch from the last checkpoint")
-
-
-def rule_dead(w: Window, th: Thresholds) -> Optional[Anomaly]:
-    if not _died(w, th):
-        return None
-    gone = [p for p in w.processes if not p.alive]
-    what = (f"pid {gone[0].pid} ({gone[0].why}) = {gone[0].state} != alive with no sentinel" if gone else
-            f"live processes writing train.log = 0 for {secs(w.orphan_for)} > {secs(th.orphan_grace)} with no sentinel")
-    return anomaly("dead", what, w.last_step,
-                   "The trainer exited without writing its sentinel: read the end of train.log through "
-                   "checkin.py, then relaunch from the last checkpoint")
-
-
-def rule_stall(w: Window, th: Thresholds) -> Optional[Anomaly]:
-    stopped = [p for p in w.processes if p.state == "stopped"]
-    if stopped:
-        p = stopped[0]
-        return anomaly("stall", f"pid {p.pid} state = stopped != running", w.last_step,
-                       f"The process is suspended (SIGSTOP or Ctrl-Z): resume it with kill -CONT {p.pid}, "
-                       "or kill it and relaunch")
-    if not w.has_steps or w.quiet_since is None or _died(w, th) or not any(p.alive for p in w.processes):
-        return None
-    age = w.now - w.quiet_since
-    if age <= w.stall_after:
-        return None
-    pid = next(p.pid for p in w.processes if p.alive)
-    return anomaly("stall", f"metrics age = {secs(age)} > {secs(w.stall_after)}{w.stall_why}", w.last_step,
-                   f"The process lives but writes nothing: py-spy dump --pid {pid} shows where it hangs "
-                   "(a dataloader worker, a collective, a lock); kill it and relaunch")
-
-
-def rule_no_telemetry(w: Window, th: Thresholds) -> Optional[Anomaly]:
-    if w.has_steps:
-        return None
-    waited = w.now - w.started
-    if waited <= th.startup_grace:
-        return None
-    return anomaly("no_telemetry", f"time without a step record = {secs(waited)} > {secs(th.startup_grace)}",
-                   w.last_step, "No step record yet: check that the script writes RUN_DIR/metrics.jsonl "
-                   "(the --out folder) and read train.log through checkin.py")
-
-
-def rule_gpu_idle(w: Window, th: Thresholds) -> Optional[Anomaly]:
-    if w.gpu_util is None or _died(w, th) or not any(p.alive for p in w.processes):
-        return None
-    if w.now - w.started <= th.startup_grace or w.gpu_idle_for <= th.gpu_idle:
-        return None
-    pid = next(p.pid for p in w.processes if p.alive)
-    return anomaly("gpu_idle", f"GPU utilization = {w.gpu_util:.0f}% < {th.gpu_idle_util:g}% for "
-                   f"{secs(w.gpu_idle_for)} > {secs(th.gpu_idle)}", w.last_step,
-                   "The process lives but the GPU does nothing: a CPU-bound dataloader, a hang in a "
-                   f"collective, or the model on the CPU; py-spy dump --pid {pid} shows which")
-
-
-def rule_timeout(w: Window, th: Thresholds) -> Optional[Anomaly]:
-    ran = w.now - w.watch_started
-    if ran <= th.hard_timeout:
-        return None
-    return anomaly("timeout", f"wall time = {secs(ran)} > {secs(th.hard_timeout)}", w.last_step,
-                   "The run outlived its window: stop it, keep the best checkpoint, and bench again "
-                   "before relaunching a shorter run")
-
-
-WINDOW_RULES = {kind: globals()[f"rule_{kind}"] for kind in KINDS if f"rule_{kind}" in globals()}
-
-
-def evaluate(w: Window, th: Thresholds, findings: Optional[dict] = None, extra: Optional[dict] = None) -> Optional[Anomaly]:
-    """The most specific anomaly that holds, or None. ``findings`` are the record rules' first
-    hits; ``extra`` holds anomalies other probes found this poll (ranks, Slurm), by kind."""
-    for kind in KINDS:
-        found = (findings or {}).get(kind) or (extra or {}).get(kind)
-        if found is None and kind in WINDOW_RULES:
-            found = WINDOW_RULES[kind](w, th)
-        if found is not None:
-            return found
-    return None
+        return [a for k, a in self.hits.items() if is_warning(k, self.th)]
 
 
 def thresholds_markdown() -> str:

@@ -215,7 +215,7 @@ def run_command(run_dir: Path, command: list[str], timeout: float) -> Row:
     took = time.time() - t0
     if p.returncode != 0:
         from .logs import log_tail
-        from .rules import last_error
+        from .logs import last_error
         err = last_error(log_tail(run_dir / "train.log")) or f"exit {p.returncode}"
         return Row("command", False, f"exit {p.returncode} after {took:.0f}s: {err[:200]}")
     return Row("command", True, f"exit 0 after {took:.0f}s")
@@ -278,7 +278,7 @@ def run_resumed(run_dir: Path, command: list[str], timeout: float) -> list[Row]:
     if not killed or not saved:
         if not killed:
             from .logs import log_tail
-            from .rules import last_error
+            from .logs import last_error
             err = "" if p.returncode == 0 else ": " + (last_error(log_tail(log_path)) or f"exit {p.returncode}")[:200]
             ran = Row("command", p.returncode == 0, f"exit {p.returncode} after {took:.0f}s{err}")
         else:
@@ -303,8 +303,8 @@ def run_resumed(run_dir: Path, command: list[str], timeout: float) -> list[Row]:
 
 def check_verdict(run_dir: Path) -> Row:
     """The watchdog's engine on the finished smoke run: the same verdict a watchdog would give."""
-    from .watch import assess
-    v = assess(run_dir).verdict
+    from .engine import assess
+    v = assess(run_dir)[2]
     if v.state == "anomaly":
         return Row("verdict", False, v.line[:300])
     if v.state == "done":

@@ -14,7 +14,38 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from supervise.contract import METRICS, SENTINEL, MetricsWriter, atomic_write_json  # noqa: E402
+from supervise.contract import METRICS, SENTINEL, atomic_write_json, dumps  # noqa: E402
+
+
+class MetricsWriter:
+    """Appends records, one ``os.write`` per line on an O_APPEND descriptor: a reader sees
+    whole lines or a torn tail, never two writers' bytes interleaved in one line."""
+
+    def __init__(self, path: str | os.PathLike):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self.path = str(path)
+        self.t0 = time.monotonic()
+        self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def write(self, rec: dict) -> None:
+        rec.setdefault("t", round(time.monotonic() - self.t0, 3))
+        os.write(self.fd, dumps(rec).encode())
+
+    def start(self, **fields) -> None:
+        self.write({"event": "start", "t": 0, "pid": os.getpid(), **fields})
+
+    def step(self, step: int, loss, lr, grad_norm, sps, **extra) -> None:
+        self.write({"step": step, "t": round(time.monotonic() - self.t0, 3), "loss": loss,
+                    "lr": lr, "grad_norm": grad_norm, "sps": sps, **extra})
+
+    def eval(self, step: int, eval_auroc, eval_acc, **extra) -> None:
+        self.write({"step": step, "eval_auroc": eval_auroc, "eval_acc": eval_acc, **extra})
+
+    def fatal(self, step: int, reason: str) -> None:
+        self.write({"step": step, "t": round(time.monotonic() - self.t0, 3), "FATAL": reason})
+
+    def close(self) -> None:
+        os.close(self.fd)
 
 
 def main():
@@ -55,6 +86,7 @@ def main():
     p.add_argument("--pause", type=float, default=0.0)
     p.add_argument("--garbage", action="store_true", help="write stray and torn lines between records")
     p.add_argument("--no-sentinel", action="store_true")
+    p.add_argument("--host", default=None, help="the start record names this host (another machine's trainer)")
     p.add_argument("--linger", type=float, default=0.0, help="seconds to live on after the sentinel")
     a = p.parse_args()
 
@@ -64,7 +96,8 @@ def main():
     w = MetricsWriter(run / METRICS)
     total = a.records * a.every
     if not a.no_start:
-        extra = {k: v for k, v in (("run_id", a.run_id), ("task", a.task), ("vocab_size", a.vocab_size)) if v}
+        extra = {k: v for k, v in (("run_id", a.run_id), ("task", a.task), ("vocab_size", a.vocab_size),
+                                   ("host", a.host)) if v}
         w.start(total_steps=total, num_labels=a.num_labels, world_size=1, batch_size=8, time=time.time(), **extra)
     chance = math.log(a.num_labels)
     for i in range(1, a.records + 1):

@@ -49,14 +49,14 @@ def test_running_healthy(tmp_path, sleeper):
     lines = out.splitlines()
     assert lines[0].startswith(f"RUNNING healthy  {tmp_path}  (metrics ")
     assert "step 300/1000 (30%)" in out and "ETA" in out
-    assert "eval @300: auroc=0.93" in out and f"process {sleeper.pid}: sleeping" in out
+    assert "eval @300: auroc=0.93" in out and f"process {sleeper.pid} (start record): sleeping" in out
     assert "gpu: no GPU" in out or "util" in out
 
 
 @pytest.mark.parametrize("state,first", [
     ("done", "DONE"), ("anomaly", "ANOMALY nan"), ("dead", "ANOMALY crash"), ("not_started", "STARTING"),
     ("empty", "NOT STARTED"), ("no_metrics", "NOT STARTED"), ("corrupt_torn", "RUNNING healthy"),
-    ("sentinel_only", "DONE"), ("fatal", "ANOMALY fatal"), ("stale", "ANOMALY dead"),
+    ("sentinel_only", "DONE"), ("fatal", "ANOMALY fatal"), ("stale", "ANOMALY stall"),
 ])
 def test_every_state(state, first, tmp_path, sleeper):
     run = tmp_path / "run"

@@ -5,7 +5,8 @@ import os
 
 import pytest
 
-from supervise.contract import MetricsWriter, TailReader, atomic_write_json, read_json, tail_lines, \
+from fake_trainer import MetricsWriter
+from supervise.contract import TailReader, atomic_write_json, read_json, tail_lines, \
     validate_file, validate_record
 
 STEP = {"step": 10, "t": 1.5, "loss": 0.6, "lr": 1e-4, "grad_norm": 1.2, "sps": 90.0}

@@ -8,7 +8,6 @@ import pytest
 
 from supervise.logs import (KILLED_NOT_OOM, cgroup_dir, is_fallout, kernel_oom_lines, killed_reason,
                             last_error, log_tail, oom_kills, oom_line, root_cause)
-from supervise.rules import last_error as rules_last_error, oom_line as rules_oom_line
 
 DATA = Path(__file__).parent / "data"
 
@@ -41,7 +40,6 @@ def test_last_error_is_the_root_cause_not_the_banner(log, expected):
     err = last_error(log_tail(DATA / log))
     assert err.startswith("rank 1 (local_rank 1, pid ") and err.endswith(expected)
     assert "=====" not in err and "ChildFailedError" not in err and "Connection closed" not in err
-    assert rules_last_error is last_error and rules_oom_line is oom_line  # callers of rules keep working
 
 
 def test_without_the_block_the_failing_rank_beats_the_fallout():

@@ -5,8 +5,9 @@ import re
 
 import pytest
 
-from supervise.rules import KINDS, RECORD_RULES, WINDOW_RULES, Process, RecordRules, Thresholds, Window, \
-    evaluate
+from supervise.judge import BY_KIND, RULES, judge
+from supervise.observation import Observation, Proc, Records, frozen
+from supervise.rules import KINDS, RECORD_RULES, Anomaly, RecordRules, Thresholds
 
 TH = Thresholds()
 SHAPE = re.compile(r"^ANOMALY (?P<kind>[a-z_]+): .+ (=|is) .+ at step \d+\. [A-Z].+\.$")
@@ -75,7 +76,7 @@ def test_record_rules_fire_at_the_exact_step(name, records, start, kind, step):
     if kind is None:
         assert found == {}, found
         return
-    first = evaluate(Window(now=0, started=0, watch_started=0), TH, found)
+    first = judge(Observation(now=0, watch_started=0, records=Records(hits=frozen(found))), TH).anomaly
     assert first.kind == kind and first.step == step, first.message
     assert SHAPE.match(first.message), first.message
 
@@ -122,72 +123,137 @@ def test_a_start_record_begins_a_new_run():
     assert rules.findings() == {} and rules.run.start["attempt"] == 2 and rules.starts == 1
 
 
-def win(**kw):
-    base = dict(now=1000.0, started=0.0, watch_started=0.0, has_steps=True, metrics_mtime=999.0, quiet_since=999.0,
-                last_step=50, processes=(Process(1, "running", "start record"),))
+LOG_TB = ("Traceback (most recent call last):", '  File "x.py", line 1', "KeyError: 'label'")
+STEPS = Records(start=frozen({"event": "start", "pid": 1, "time": 0.0}), last_step=50, n_steps=5)
+
+
+def obs(*procs, **kw):
+    """An observation of a run at t=1000 with five step records; processes by ``Proc`` args."""
+    base = dict(now=1000.0, watch_started=0.0, started=0.0, records=STEPS, metrics_mtime=999.0,
+                quiet_since=999.0, processes=procs or (Proc(1, "running", "start record"),))
     base.update(kw)
-    return Window(**base)
+    return Observation(**base)
 
 
-WINDOWS = [
-    ("blind", win(blind="metrics.jsonl is a FIFO, not a regular file")),
-    ("oom", win(processes=(Process(1, "gone"),), log_tail=("RuntimeError: CUDA out of memory.",))),
-    ("crash", win(processes=(Process(1, "zombie"),), log_tail=("Traceback (most recent call last):",
-                                                              '  File "x.py", line 1', "KeyError: 'label'"))),
-    ("crash", win(processes=(), orphan=True, orphan_for=10.0, log_tail=("Traceback (most recent call last):",
-                                                                        "SystemExit: bad flag"))),
-    ("dead", win(processes=(Process(1, "gone"),))),
-    ("dead", win(processes=(), orphan=True, orphan_for=11.0)),
-    ("dead", win(processes=(Process(1, "gone"), Process(2, "running")), died_for=11.0)),
-    ("stall", win(processes=(Process(1, "stopped"),))),
-    ("stall", win(quiet_since=1000.0 - 361)),
-    ("stall", win(quiet_since=1000.0 - 61, stall_after=60.0, stall_why=" (learned: 5 x the longest gap 2s)")),
-    ("no_telemetry", win(has_steps=False, now=301.0)),
-    ("gpu_idle", win(gpu_util=0.0, gpu_idle_for=301.0, now=1000.0)),
-    ("timeout", win(now=10801.0, quiet_since=10800.0)),
+def gone(pid=1, why="start record", **kw):
+    return Proc(pid, "gone", why, gone_for=kw.pop("gone_for", 1.0), **kw)
+
+
+NOBODY = dict(processes=(), visibility="nothing writes train.log and no --pid was given")
+
+# (what holds, the observation, the kind judge must report)
+JUDGED = [
+    ("blind", obs(blind="metrics.jsonl is a FIFO, not a regular file"), "blind"),
+    ("oom after death", obs(gone(), log_tail=("RuntimeError: CUDA out of memory.",)), "oom"),
+    ("crash after death", obs(Proc(1, "zombie", "start record"), log_tail=LOG_TB), "crash"),
+    ("crash before the watchdog looked: the log ends in a traceback", obs(**NOBODY, log_tail=LOG_TB, log_mtime=999.5),
+     "crash"),
+    ("dead: a process seen alive is gone", obs(gone()), "dead"),
+    ("dead: one of two gone past the rank grace", obs(gone(gone_for=11.0), Proc(2, "running")), "dead"),
+    ("dead: a relaunch gone before its start record",
+     obs(gone(7, "writes train.log"), relaunch=gone(7, "writes train.log"), records=Records()), "dead"),
+    ("dead: a child gone, the metrics silent since",
+     obs(Proc(1, "sleeping", "writes train.log"), Proc(2, "gone", "child of 1", child=True, quiet_after_exit=91.0)),
+     "dead"),
+    ("stall: stopped", obs(Proc(1, "stopped")), "stall"),
+    ("stall: silent", obs(quiet_since=1000.0 - 361), "stall"),
+    ("stall: learned", obs(quiet_since=1000.0 - 61, stall_after=60.0, stall_why=" (learned: 5 x the longest gap 2s)"),
+     "stall"),
+    ("stall: no process visible, records silent", obs(**NOBODY, quiet_since=1000.0 - 361), "stall"),
+    ("no_telemetry", obs(records=Records(), now=301.0), "no_telemetry"),
+    ("gpu_idle", obs(gpu_util=0.0, gpu_idle_for=301.0), "gpu_idle"),
+    ("timeout from the plan", obs(time_limit=900.0, time_limit_why="1.5 x the projection"), "timeout"),
+    ("a first hit beats a later sentinel", obs(gone(), records=Records(hits=frozen({"nan": Anomaly(
+        "nan", 60, "ANOMALY nan: loss = nan is not finite at step 60. Abort.")})), sentinel=frozen({"x": 1}),
+        sentinel_mtime=999.0), "nan"),
+    ("a watchdog's earlier verdict of this run", obs(watchdog_said=Anomaly("nan", 60, "ANOMALY nan: ...")), "nan"),
 ]
 
 
-@pytest.mark.parametrize("kind,window", WINDOWS, ids=[f"{k}-{i}" for i, (k, _) in enumerate(WINDOWS)])
-def test_each_process_rule_fires_with_one_message_shape(kind, window):
-    found = evaluate(window, TH)
-    assert found is not None and found.kind == kind, found
-    assert SHAPE.match(found.message) and found.message.startswith(f"ANOMALY {kind}: "), found.message
+@pytest.mark.parametrize("name,observation,kind", JUDGED, ids=[j[0] for j in JUDGED])
+def test_judge_names_the_kind_with_one_message_shape(name, observation, kind):
+    v = judge(observation, TH)
+    assert v.state == "anomaly" and v.kind == kind and v.code == 7, v
+    if name != "a watchdog's earlier verdict of this run":
+        assert SHAPE.match(v.line) and v.line.startswith(f"ANOMALY {kind}: "), v.line
 
 
-QUIET = [
-    ("silent start inside the grace", win(has_steps=False, now=299.0)),
-    ("one rank gone inside the grace", win(processes=(Process(1, "gone"), Process(2, "running")), died_for=5.0)),
-    ("orphan inside its grace", win(processes=(), orphan=True, orphan_for=5.0)),
-    ("gpu idle inside the grace", win(gpu_util=0.0, gpu_idle_for=301.0, now=300.0)),
-    ("no gpu", win(gpu_util=None)),
-    ("quiet but inside an announced pause", win(quiet_since=500.0, stall_after=600.0)),
+# (what looks like trouble but is not, the observation, the state and headline judge must give)
+HEALTHY = [
+    ("records arrive, no process visible here", obs(**NOBODY), "watching", "RUNNING healthy"),
+    ("a remote start record's pid, records fresh", obs(processes=(), visibility="the start record's pid 1 runs on host b"),
+     "watching", "RUNNING healthy"),
+    ("an error the run survived: records after it", obs(**NOBODY, log_tail=LOG_TB, log_mtime=900.0), "watching",
+     "RUNNING healthy"),
+    ("silent start inside the grace", obs(records=Records(), now=299.0), "watching", "STARTING"),
+    ("nothing yet", obs(records=Records(), processes=(), now=10.0), "watching", "NOT STARTED"),
+    ("one rank gone inside the rank grace", obs(gone(gone_for=5.0), Proc(2, "running")), "watching", "RUNNING healthy"),
+    ("a dataloader worker gone, records go on", obs(Proc(1, "running"), Proc(2, "gone", "child of 1", child=True,
+                                                                             quiet_after_exit=1.0)), "watching",
+     "RUNNING healthy"),
+    ("gpu idle inside the startup grace", obs(gpu_util=0.0, gpu_idle_for=301.0, now=300.0), "watching",
+     "RUNNING healthy"),
+    ("no gpu", obs(gpu_util=None), "watching", "RUNNING healthy"),
+    ("quiet inside an announced pause", obs(quiet_since=500.0, stall_after=600.0), "watching", "RUNNING healthy"),
+    ("no plan: no time limit", obs(now=10 ** 6, quiet_since=10 ** 6), "watching", "RUNNING healthy"),
+    ("a relaunch starting beside an old nan", obs(Proc(7, "running", "writes train.log"),
+                                                  relaunch=Proc(7, "running", "writes train.log"), records=Records(),
+                                                  started=990.0),
+     "watching", "STARTING"),
+    ("sentinel written, the trainer still finishing", obs(sentinel=frozen({"acc": 1.0}), sentinel_mtime=999.0),
+     "finishing", "FINISHING"),
+    ("sentinel written and the trainer exited", obs(gone(), sentinel=frozen({"acc": 1.0}), sentinel_mtime=999.0),
+     "done", "DONE"),
+    ("history at attach, inside the relaunch grace", obs(gone(), hold_for=1.5), "watching", "RUNNING healthy"),
 ]
 
 
-@pytest.mark.parametrize("name,window", QUIET, ids=[n for n, _ in QUIET])
-def test_healthy_look_alikes_do_not_fire(name, window):
-    assert evaluate(window, TH) is None
+@pytest.mark.parametrize("name,observation,state,headline", HEALTHY, ids=[h[0] for h in HEALTHY])
+def test_judge_healthy_look_alikes(name, observation, state, headline):
+    v = judge(observation, TH)
+    assert (v.state, v.headline, v.anomaly) == (state, headline, None), v
 
 
-@pytest.mark.parametrize("window,findings,kind", [
-    (win(processes=(Process(1, "gone"),)), {"nan": "n"}, "nan"),
-    (win(processes=(Process(1, "gone"),), log_tail=("MemoryError",)), {"fatal": "f"}, "fatal"),
-    (win(processes=(Process(1, "gone"),), log_tail=("Traceback (most recent call last):",
-                                                    "torch.OutOfMemoryError: CUDA out of memory")), {}, "oom"),
-    (win(processes=(Process(1, "gone"),), quiet_since=0.0), {}, "dead"),
-    (win(), {"stuck_auroc": "s", "inverted_labels": "i"}, "inverted_labels"),
-    (win(), {"loss_spike": "s", "diverged": "d"}, "diverged"),
+def test_a_process_not_visible_is_said_once_in_the_notes():
+    v = judge(obs(**NOBODY), TH)
+    assert v.notes == ("process not visible here: nothing writes train.log and no --pid was given; "
+                       "judged by its records",)
+
+
+def test_history_held_in_the_grace_asks_for_a_quick_second_look():
+    assert judge(obs(gone(), hold_for=1.5), TH).recheck_in == 1.5
+
+
+def test_a_crash_while_finishing_is_a_crash_not_done():
+    v = judge(obs(gone(), sentinel=frozen({"acc": 1.0}), sentinel_mtime=990.0, log_tail=LOG_TB, log_mtime=995.0), TH)
+    assert v.kind == "crash", v
+
+
+def test_a_sentinel_with_the_process_still_alive_long_after_is_done():
+    v = judge(obs(sentinel=frozen({"acc": 1.0}), sentinel_mtime=500.0), TH)
+    assert v.state == "done" and "still runs" in v.notes[-1], v
+
+
+@pytest.mark.parametrize("observation,findings,kind", [
+    (obs(gone()), {"nan": "n"}, "nan"),
+    (obs(gone(), log_tail=("MemoryError",)), {"fatal": "f"}, "fatal"),
+    (obs(gone(), log_tail=("Traceback (most recent call last):", "torch.OutOfMemoryError: CUDA out of memory")), {},
+     "oom"),
+    (obs(gone(), quiet_since=0.0), {}, "dead"),
+    (obs(), {"stuck_auroc": "s", "inverted_labels": "i"}, "inverted_labels"),
+    (obs(), {"loss_spike": "s", "diverged": "d"}, "diverged"),
 ])
-def test_most_specific_kind_wins(window, findings, kind):
-    from supervise.rules import Anomaly
-    found = evaluate(window, TH, {k: Anomaly(k, 1, v) for k, v in findings.items()})
-    assert found.kind == kind
+def test_most_specific_kind_wins(observation, findings, kind):
+    import dataclasses
+    hits = frozen({k: Anomaly(k, 1, v) for k, v in findings.items()})
+    v = judge(dataclasses.replace(observation, records=dataclasses.replace(STEPS, hits=hits)), TH)
+    assert v.kind == kind
 
 
-def test_every_rule_has_a_kind_and_kinds_are_unique():
-    kinds = {r.kind for r in RECORD_RULES} | set(WINDOW_RULES)
-    assert kinds <= set(KINDS) and len(KINDS) == len(set(KINDS))
+def test_the_rule_table_holds_every_kind_in_order():
+    assert tuple(r.kind for r in RULES) == KINDS and len(KINDS) == len(set(KINDS))
+    assert {r.kind for r in RECORD_RULES} <= set(KINDS)
+    assert BY_KIND["nan"].change == "lr" and BY_KIND["oom"].change == "batch" and BY_KIND["inverted_labels"].change is None
 
 
 def test_every_threshold_is_documented():

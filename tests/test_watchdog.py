@@ -14,7 +14,7 @@ from conftest import read_json, run_script, start_script
 from supervise import registry
 from supervise.probes import GpuReading, GpuReport
 from supervise.rules import KINDS, Thresholds
-from supervise.watch import Watcher, run
+from supervise.watch import Watchdog, run
 
 FAST = ("--poll", "0.2", "--startup-grace", "5", "--max-stall", "30")
 ALIVE = ("--no-sentinel", "--linger", "60")  # the trainer stays alive: only the anomaly can end the watch
@@ -178,7 +178,7 @@ def test_gpu_idle_through_injected_probe(util, kind, tmp_path, trainer, capsys):
     t = trainer(tmp_path, "--records", records, "--dt", 0.03, *(ALIVE if kind else ()))
     t.wait_for_line(tmp_path / "metrics.jsonl", 3)  # the first step record is there: no speed race
     th = Thresholds(poll=0.1, startup_grace=0.3, gpu_idle=0.5, max_stall=30)
-    w = Watcher(tmp_path, th, pids=[t.pid], gpu=FakeGpu(util))
+    w = Watchdog(tmp_path, th, pids=[t.pid], gpu=FakeGpu(util))
     timer = threading.Timer(20, lambda: os.kill(os.getpid(), signal.SIGTERM))
     timer.start()
     try:
@@ -218,7 +218,7 @@ def test_bad_usage_is_one_line_exit_2(args, needle, tmp_path):
 def test_durations_accept_units(tmp_path, trainer):
     trainer(tmp_path, "--records", 1000, *ALIVE)
     rc, out, _ = run_script("watchdog.py", tmp_path, "--poll", "0.2s", "--hard-timeout", "0.02m")
-    assert rc == 7 and out.startswith("ANOMALY timeout: wall time = ") and "> 1.2s at step" in out
+    assert rc == 7 and out.startswith("ANOMALY timeout: wall time = ") and "> 1.2s (--hard-timeout) at step" in out
 
 
 # kinds whose scenario lives in another test (the file that proves it)

@@ -1,0 +1,355 @@
+"""Observe a run: one frozen ``Observation`` per poll, from what changed since the last one.
+
+    observer = Observer(run_dir, thresholds)      # keeps offsets, first hits, pids seen alive
+    obs = observer.observe()                      # records -> rules, processes, ranks, GPU, log
+    verdict = judge(obs, thresholds)              # pure: supervise/judge.py
+
+``assess(run_dir)`` is one look (check-in, smoke, plot): the same observer and judge, once.
+The run's processes are found by themselves: ``--pid``, the launcher's record
+(``RUN_DIR/launch.json``), the start record's pid when it names this host, and every process
+whose stdout/stderr is ``RUN_DIR/train.log`` (roots, and their children). What cannot be seen
+from this host is left out, and ``Observation.visibility`` says why. Standard library only.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Optional
+
+from . import slurm as sl
+from .contract import LOG, METRICS, SENTINEL, TailReader, is_finite, is_number, read_json, why_unreadable
+from .logs import cgroup_dir, kernel_oom_lines, killed_reason, log_tail, oom_kills, root_cause
+from .observation import GONE, Observation, Proc, Records, Verdict, frozen
+from .probes import Nvml, ProcessWatch, log_writers
+from .ranks import RankFiles, local_pids
+from .rules import RecordRules, Thresholds
+
+LAUNCH = "launch.json"
+SCAN_EVERY = 10        # polls between /proc scans for new train.log writers while the run lives
+LOG_LINES = 200
+
+
+def _mtime(path: Path) -> Optional[float]:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return None
+
+
+class Observer:
+    """The state one watchdog keeps between polls; ``observe()`` is one poll. ``gpu`` is any
+    object with ``read() -> probes.GpuReport`` (NVML by default; tests inject one). ``one_shot``
+    is check-in's look: a cheap read of the head and tail, no relaunch grace."""
+
+    def __init__(self, run_dir, thresholds: Thresholds = Thresholds(), pids=(), log=None,
+                 sentinel: str = SENTINEL, gpu=None, num_labels_given: bool = False, clock=time.time,
+                 one_shot: bool = False, slurm_job: Optional[str] = None, slurm_runner=None):
+        self.run_dir = Path(run_dir)
+        self.th = thresholds
+        self.explicit_pids = tuple(pids)
+        self.log = Path(log) if log else self.run_dir / LOG
+        self.sentinel = self.run_dir / sentinel
+        self.metrics = self.run_dir / METRICS
+        self.reader = TailReader(str(self.metrics)) if not one_shot else \
+            TailReader(str(self.metrics), notable=True, head=32 << 10, tail=64 << 10)
+        self.rules = RecordRules(thresholds, num_labels_given)
+        self.gpu = gpu
+        self.clock = clock
+        self.one_shot = one_shot
+        self.host = socket.gethostname()
+        self.watch_started = clock()
+        self.polls = 0
+        self.procs = ProcessWatch()
+        self.known: dict = {}            # pid -> why it is a run process
+        self.parents: dict = {}          # child pid -> parent pid (children of the run's processes)
+        self.seen_alive: set = set()
+        self.gone_at: dict = {}          # pid -> when this watchdog first saw it gone
+        self._scanned_at: Optional[int] = None
+        self._launch: tuple = (None, None)   # (mtime, record)
+        self._log: tuple = (None, ())         # ((size, mtime), lines)
+        self.rank_files = RankFiles(self.run_dir)
+        self.cgroup = None
+        self.oom_before: Optional[int] = None
+        self.slurm_job = slurm_job
+        self.slurm_runner = slurm_runner
+        self.slurm_running_since: Optional[float] = None
+        self.idle_since: Optional[float] = None
+        self.last: Optional[Observation] = None
+
+    @property
+    def run(self):
+        return self.rules.run
+
+    # -- the run's processes -------------------------------------------------------------------
+    def launch_record(self) -> Optional[dict]:
+        """RUN_DIR/launch.json (scripts/launch.py), re-read only when it changes."""
+        path = self.run_dir / LAUNCH
+        m = _mtime(path)
+        if m != self._launch[0]:
+            rec = read_json(path)
+            ok = isinstance(rec, dict) and is_number(rec.get("pid")) and rec["pid"] > 0
+            self._launch = (m, rec if ok else None)
+        return self._launch[1]
+
+    def _new_attempt(self) -> None:
+        """A new start record: the processes of the old attempt are history."""
+        self.known = {p: why for p, why in self.known.items() if why == "--pid"}
+        self.parents, self.gone_at, self._scanned_at = {}, {}, None
+        self.seen_alive &= set(self.known)
+
+    def _discover(self, start: dict, launch: Optional[dict]) -> str:
+        """Add every process of the run not yet known; '' when one is visible from here, else
+        why none is."""
+        for pid in self.explicit_pids:
+            self.known.setdefault(pid, "--pid")
+        if launch is not None and launch.get("host") in (None, self.host):
+            self.known.setdefault(int(launch["pid"]), "launch record")
+        pid, host = start.get("pid"), start.get("host")
+        remote = isinstance(host, str) and host and host != self.host
+        if pid and not remote:
+            self.known.setdefault(pid, "start record")
+        if not self.explicit_pids:
+            self._scan()
+        if self.known:
+            return ""
+        if remote:
+            return f"the start record's pid {pid} runs on host {host}, this is {self.host}"
+        if not self.log.exists():
+            return f"nothing writes {self.log.name} and no --pid was given"
+        return (f"no process writes {self.log} and the start record names none"
+                if not pid else f"no process writes {self.log}")
+
+    def _scan(self) -> None:
+        """The train.log writers: roots are run processes, their children are watched too (a
+        hand-spawned rank; a dataloader worker's exit is no verdict while records go on)."""
+        if self._scanned_at is not None and self.polls - self._scanned_at < SCAN_EVERY and any(
+                p in self.seen_alive and p not in self.gone_at for p in self.known):
+            return  # a live run: a /proc scan per poll is the cost; look every SCAN_EVERY polls
+        self._scanned_at = self.polls
+        writers = log_writers(self.log, exclude=(os.getpid(),))
+        for pid, ppid in writers.items():
+            if ppid in writers or ppid in self.known:
+                self.parents.setdefault(pid, ppid)
+            elif pid not in self.known:
+                self.known[pid] = "writes train.log"
+        if self.cgroup is None and self.known:
+            self.cgroup = cgroup_dir(next(iter(self.known)))
+            self.oom_before = oom_kills(self.cgroup)
+
+    def _procs(self, now: float, start: dict, launch: Optional[dict]) -> list:
+        out = []
+        start_t = start.get("time")
+        for pid, why in self.known.items():
+            info = self.procs.read(pid)
+            state = info.state
+            born = info.create_time or self.procs.birth.get(pid)  # a gone process keeps the birth first seen
+            if why == "start record" and is_finite(start_t) and born and born > start_t + 2:
+                state = "gone"   # that pid was reused by another process after the trainer ended
+            if why == "launch record" and launch and is_finite(launch.get("create_time")) and born \
+                    and abs(born - launch["create_time"]) > 1.0:
+                state = "gone"
+            recorded_here = why in ("start record", "launch record", "--pid")
+            out.append((pid, why, state, born, False, recorded_here))
+        for pid, ppid in self.parents.items():
+            info = self.procs.read(pid)
+            out.append((pid, f"child of {ppid}", info.state, info.create_time or self.procs.birth.get(pid), True, False))
+        procs = []
+        for pid, why, state, born, child, recorded_here in out:
+            alive = state not in GONE
+            if alive:
+                self.seen_alive.add(pid)
+                self.gone_at.pop(pid, None)
+            else:
+                self.gone_at.setdefault(pid, now)
+            seen = pid in self.seen_alive or recorded_here
+            if child and not seen:
+                continue
+            gone_for = now - self.gone_at[pid] if pid in self.gone_at else 0.0
+            quiet = 0.0
+            if child and not alive:
+                m = _mtime(self.metrics) or 0.0
+                quiet = now - max(self.gone_at[pid], m)
+            procs.append(Proc(pid, state, why, child, born, seen, gone_for, max(quiet, 0.0)))
+        return procs
+
+    def _relaunch(self, procs: list, start: dict, launch: Optional[dict]) -> Optional[Proc]:
+        """A process newer than the current attempt's start record: a relaunch whose own start
+        record has not come yet. Its fate, not the old attempt's history, is the verdict."""
+        start_t = start.get("time")
+        if not is_finite(start_t):
+            return None
+        newer = [p for p in procs if not p.child and p.pid != start.get("pid") and p.seen_alive
+                 and p.create_time and p.create_time > start_t + 1]
+        if launch is not None and is_finite(launch.get("launched_at")) and launch["launched_at"] > start_t + 1:
+            newer += [p for p in procs if p.pid == launch["pid"] and p not in newer]
+        return max(newer, key=lambda p: p.create_time or 0.0) if newer else None
+
+    # -- the sentinel ---------------------------------------------------------------------------
+    def _sentinel(self, procs, start: dict) -> tuple:
+        """(content, mtime) when the sentinel completes the current run, else (None, mtime). A file
+        still being written (empty, not a JSON object) is not yet a sentinel; one with another
+        run's run_id, or older than the records or processes of the current run, is history."""
+        mtime = _mtime(self.sentinel)
+        if mtime is None:
+            return None, None
+        final = read_json(self.sentinel)
+        if not isinstance(final, dict):
+            return None, mtime
+        rid, sid = start.get("run_id"), final.get("run_id")
+        if rid and sid:
+            return (final if rid == sid else None), mtime
+        if is_finite(start.get("time")) and start["time"] > mtime + 1:
+            return None, mtime
+        m = _mtime(self.metrics)
+        if m is not None and m > mtime + 0.5:
+            return None, mtime  # records were written after it: a relaunch into an old folder
+        if any(p.alive and p.create_time and p.create_time > mtime for p in procs):
+            return None, mtime  # a live trainer started after it
+        return final, mtime
+
+    # -- the log -------------------------------------------------------------------------------
+    def _log_tail(self) -> tuple:
+        """(lines, mtime) of train.log's filtered tail, re-read only when the file changed."""
+        try:
+            st = os.stat(self.log)
+        except OSError:
+            return (), None
+        key = (st.st_size, st.st_mtime)
+        if key != self._log[0]:
+            self._log = (key, tuple(log_tail(self.log, LOG_LINES)))
+        return self._log[1], st.st_mtime
+
+    # -- the rest ------------------------------------------------------------------------------
+    def _gpu(self, now: float, alive: bool, pids) -> tuple:
+        if self.gpu is None:
+            self.gpu = Nvml()
+        report = self.gpu.read()
+        if not report.available:
+            self.idle_since = None
+            return None, 0.0, (f"{report.note}; gpu_idle is off",)
+        util = max(g.util for g in report.for_pids(pids))
+        if alive and util < self.th.gpu_idle_util:
+            self.idle_since = self.idle_since if self.idle_since is not None else now
+        else:
+            self.idle_since = None
+        return util, (now - self.idle_since) if self.idle_since is not None else 0.0, \
+            tuple(g.line() for g in report.gpus)
+
+    def _slurm(self, now: float):
+        if self.slurm_job is None:
+            return None
+        kw = {"runner": self.slurm_runner} if self.slurm_runner else {}
+        job = sl.query(self.slurm_job, **kw)
+        if job.running and self.slurm_running_since is None:
+            self.slurm_running_since = now
+        if job.waiting:
+            self.slurm_running_since = None
+        return job
+
+    def _time_limit(self, start: dict, launch: Optional[dict]) -> tuple:
+        """(seconds from the run's start after which it is over its plan, where that comes from)."""
+        th = self.th
+        if th.hard_timeout > 0:
+            return th.hard_timeout, "--hard-timeout"
+        window = launch.get("window_s") if launch else None
+        if is_finite(window) and window > 0:
+            return float(window), "the launcher's --window"
+        total, rate = start.get("total_steps"), self.run.steps_per_s
+        if total and rate and rate > 0 and self.run.n_steps >= 5:
+            projected = total / rate
+            return th.timeout_margin * projected + th.startup_grace, (
+                f"{th.timeout_margin:g} x the projection {projected / 3600:.2g}h ({total} steps at {rate:.3g} "
+                f"steps/s) + --startup-grace")
+        return None, "no plan: no --hard-timeout, no launch window, no total_steps and step rate yet"
+
+    def _records(self) -> Records:
+        run, rules = self.run, self.rules
+        return Records(
+            start=frozen(run.start), last_step=run.last_step, n_steps=run.n_steps, n_evals=run.n_evals,
+            hits=frozen(rules.hits), fatal=frozen(run.fatal) if run.fatal else None, steps=tuple(run.steps)[-8:],
+            evals=tuple(run.evals), best_eval=run.best_eval, attempts=tuple(tuple(a) for a in rules.attempts),
+            steps_per_s=run.steps_per_s, elapsed=run.last_t, unknown=run.unknown)
+
+    def observe(self, watchdog_said=None) -> Observation:
+        """One poll: fold the new records, look at the processes, the ranks, the scheduler, the
+        GPU and (when something ended) the log; one frozen Observation."""
+        self.polls += 1
+        starts = self.rules.starts
+        for rec in self.reader.records():
+            self.rules.add(rec)
+        if self.rules.starts != starts and self.polls > 1:
+            self._new_attempt()
+        now = self.clock()
+        start = self.run.start
+        launch = self.launch_record()
+        visibility = self._discover(start, launch)
+        procs = self._procs(now, start, launch)
+        relaunch = self._relaunch(procs, start, launch)
+        records = self._records()
+        failed = 0
+        if relaunch is not None:
+            records = Records(start=records.start, attempts=records.attempts)  # the old attempt is history
+            procs = [p for p in procs if p.pid == relaunch.pid or p.why == "--pid" or p.why.startswith("child")]
+            failed = int(not relaunch.alive)
+        sentinel, sentinel_mtime = self._sentinel(procs, start) if relaunch is None else (None, None)
+        job = self._slurm(now)
+        waiting = bool(job and job.waiting)
+        if waiting:
+            procs = []  # queued or requeued: no process is expected, none is dead
+        alive = [p for p in procs if p.alive]
+        ended = any(not p.alive for p in procs if not p.child) or not alive or self.one_shot
+        lines, log_mtime = self._log_tail() if ended else ((), _mtime(self.log))
+        cause = killed = None
+        if lines:
+            cause = root_cause(lines)
+            if cause is not None:
+                killed = killed_reason(cause.pid, self.oom_before, oom_kills(self.cgroup),
+                                       kernel_oom_lines(cause.pid) if cause.signal == "SIGKILL" else ())
+        metrics_mtime = _mtime(self.metrics)
+        births = [p.create_time for p in alive if p.create_time and not p.child]
+        quiet = max([t for t in (metrics_mtime, max(births, default=None)) if t is not None], default=None)
+        started = min([self.watch_started] + births) if not self.one_shot or births else now
+        if is_finite(start.get("time")) and not births:
+            started = min(started, start["time"])
+        if self.slurm_job is not None:
+            started = self.slurm_running_since or now  # the grace starts when the job runs
+        ranks = self.rank_files.poll(since=start.get("time")) if relaunch is None else {}
+        rank_procs = {pid: self.procs.read(pid).state for pid in local_pids(ranks)}
+        stall_after, stall_why = self.run.stall.limit()
+        util, idle_for, gpu_lines = self._gpu(now, bool(alive), tuple(self.known))
+        limit, limit_why = self._time_limit(start, launch)
+        touched = max([t for t in (metrics_mtime, log_mtime, sentinel_mtime) if t is not None], default=0.0)
+        hold = 0.0
+        if not self.one_shot and not alive and not (self.seen_alive & {p.pid for p in procs}) \
+                and touched <= self.watch_started:
+            hold = max(0.0, self.th.orphan_grace - (now - self.watch_started))
+        obs = Observation(
+            now=now, watch_started=self.watch_started, records=records, processes=tuple(procs),
+            visibility=visibility if not waiting else "", relaunch=relaunch, started=started,
+            metrics_mtime=metrics_mtime, quiet_since=quiet, stall_after=stall_after, stall_why=stall_why,
+            sentinel=frozen(sentinel) if sentinel is not None else None, sentinel_name=self.sentinel.name,
+            sentinel_mtime=sentinel_mtime, log_tail=lines, log_mtime=log_mtime, root_cause=cause, killed=killed,
+            ranks=ranks, rank_procs=rank_procs, slurm=job, slurm_waiting=waiting, gpu_util=util,
+            gpu_idle_for=idle_for, gpu_lines=gpu_lines,
+            blind=self.reader.error or why_unreadable(self.log), hold_for=hold,
+            time_limit=limit, time_limit_why=limit_why, failed_launches=failed, watchdog_said=watchdog_said)
+        self.last = obs
+        return obs
+
+
+def assess(run_dir, thresholds: Optional[Thresholds] = None, gpu=None, pids=(),
+           slurm_job: Optional[str] = None, watchdog_said=None) -> tuple:
+    """One look at the run as it is now, judged by the watchdog's rules: (observer, observation,
+    verdict). ``watchdog_said``: the anomaly a watchdog of this run already reported (it saw every
+    record; one look at a tail may not)."""
+    from .judge import judge
+    th = dataclasses.replace(thresholds or Thresholds(), orphan_grace=0.0, rank_grace=0.0)
+    observer = Observer(run_dir, th, pids=pids, gpu=gpu, one_shot=True, slurm_job=slurm_job)
+    obs = observer.observe(watchdog_said=watchdog_said)
+    return observer, obs, judge(obs, th)
+
+
+__all__ = ["Observer", "assess", "Observation", "Verdict", "LAUNCH"]

@@ -1,0 +1,397 @@
+"""The verdict: one pure function of one ``Observation`` over one rule table.
+
+    verdict = judge(observation, thresholds)
+
+``RULES`` holds every kind, most specific first: its check (a record rule's first hit, or a
+pure function of the observation), the relaunch change it calls for, and whether it is an
+alarm or a check-in warning. When several kinds hold, the first in the table is reported.
+
+Semantics, stated once (references/contract.md repeats them):
+- A process that cannot be seen from this host (none found, or a start record naming another
+  host) is not dead: the run is judged by its records and heartbeats. Fresh records are a
+  running run, silence past the stall limit a ``stall``. ``dead`` needs a process seen alive
+  (by this watchdog, or by its own start or launch record on this host) and then gone, or the
+  scheduler saying so.
+- A record rule's first hit wins over a later sentinel: a run that logged a non-finite loss
+  never ends ``OK done``.
+- History (the sentinel, FATAL or first hit of an attempt older than a live process, or any of
+  them found at attach with no process yet) never decides while a newer process lives
+  (``Observation.relaunch``), nor within the relaunch grace (``Observation.hold_for``).
+- With the trainer visible, done is the sentinel and the process's exit; until then the verdict
+  is ``finishing``.
+Standard library only: this is on the hot path.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from . import ranks as rk
+from .logs import is_fallout, last_error, oom_line
+from .observation import Observation, Verdict
+from .recovery import no_progress
+from .rules import KINDS, Anomaly, Thresholds, anomaly, is_warning, secs
+from .slurm import slurm_anomaly
+
+# How near the end of the log an error must be to be the process's last word (lines after it).
+LAST_WORDS = 40
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One kind: how it is found, what a relaunch changes, alarm or warning."""
+
+    kind: str
+    check: Callable[[Observation, Thresholds], Optional[Anomaly]]
+    change: Optional[str] = None     # relaunch: "lr" (halve it), "batch" (halve, double accumulation), "same", None (no relaunch)
+    process: bool = False            # a process/time rule: it has nothing to say about a finished run
+
+    def is_warning(self, th: Thresholds) -> bool:
+        """A check-in warning, not an alarm (overfit unless --overfit-alarm)."""
+        return is_warning(self.kind, th)
+
+
+def _hit(kind: str):
+    def check(obs: Observation, th: Thresholds) -> Optional[Anomaly]:
+        return obs.records.hits.get(kind)
+    check.__name__ = f"hit_{kind}"
+    return check
+
+
+# --- what ended: processes, the log ---------------------------------------------------------
+def _roots(obs: Observation) -> list:
+    return [p for p in obs.processes if not p.child and p.seen_alive]
+
+
+def died(obs: Observation, th: Thresholds) -> bool:
+    """The attempt's processes, seen alive, are gone: all of them, or one of several for
+    longer than --rank-grace."""
+    roots = _roots(obs)
+    gone = [p for p in roots if not p.alive]
+    if not gone:
+        return False
+    return len(gone) == len(roots) or max(p.gone_for for p in gone) > th.rank_grace
+
+
+def _last_words(obs: Observation) -> Optional[str]:
+    """The error the log ends with (a traceback near its end, newer than the attempt's start),
+    when no process of the run lives: a crash before the watchdog looked, or on another host."""
+    if obs.alive or not obs.log_tail:
+        return None
+    start_t = obs.records.start.get("time")
+    if obs.log_mtime is not None and start_t is not None and obs.log_mtime < start_t:
+        return None
+    if obs.log_mtime is not None and obs.metrics_mtime is not None and obs.log_mtime + 1 < obs.metrics_mtime:
+        return None  # records came after it: an error the run survived
+    tail = list(obs.log_tail[-LAST_WORDS:])
+    return oom_line(tail) or last_error(tail)
+
+
+def _ended(obs: Observation, th: Thresholds) -> bool:
+    return died(obs, th) or _last_words(obs) is not None
+
+
+def _root_cause(obs: Observation, th: Thresholds) -> Optional[Anomaly]:
+    """torchrun's first observed failure, once the run ended."""
+    c = obs.root_cause
+    if c is None or obs.alive and not died(obs, th):
+        return None
+    k = obs.killed
+    return rk.root_cause_anomaly(c, obs.records.last_step, k.text if k else None, bool(k and k.oom))
+
+
+def rule_blind(obs, th):
+    if not obs.blind:
+        return None
+    return anomaly("blind", f"read error = {obs.blind!r}", obs.records.last_step,
+                   "The watchdog cannot see the run: fix the file's permissions or type (it must be a "
+                   "regular file), then restart the watchdog")
+
+
+def rule_oom(obs, th):
+    cause = _root_cause(obs, th)
+    if cause is not None:
+        return cause if cause.kind == "oom" else None
+    if not _ended(obs, th):
+        return None
+    line = oom_line(obs.log_tail)
+    if line is None:
+        return None
+    return anomaly("oom", f"log line = {line[:160]!r} after the process died", obs.records.last_step,
+                   "Out of memory: halve the per-device batch size (keep the effective batch with "
+                   "gradient accumulation) or shorten the sequence length, then relaunch")
+
+
+def rule_crash(obs, th):
+    cause = _root_cause(obs, th)
+    if cause is not None:
+        return cause if cause.kind == "crash" else None
+    if died(obs, th):
+        err = last_error(obs.log_tail)
+    else:
+        err = _last_words(obs)
+    if err is None:
+        return None
+    who = _who_died(obs)
+    return anomaly("crash", f"last error line = {err[:200]!r} after {who}", obs.records.last_step,
+                   "Fix that error (checkin.py shows the log tail), then relaunch from the last checkpoint")
+
+
+def _who_died(obs: Observation) -> str:
+    if obs.relaunch is not None and not obs.relaunch.alive:
+        p = obs.relaunch
+        return f"the relaunch (pid {p.pid}, {p.why}) died before its start record"
+    gone = [p for p in _roots(obs) if not p.alive]
+    return f"pid {gone[0].pid} ({gone[0].why}) died" if gone else "the process died"
+
+
+def rule_dead(obs, th):
+    if obs.slurm is not None:
+        return None  # the scheduler says how the job ended (slurm_anomaly)
+    step = obs.records.last_step
+    fix = ("The trainer exited without writing its sentinel: read the end of train.log through "
+           "checkin.py, then relaunch from the last checkpoint")
+    if obs.ranks and died(obs, th):
+        found = rk.rank_dead(obs.ranks, obs.rank_procs, obs.root_cause)
+        if found is not None:
+            return found
+    if died(obs, th):
+        gone = [p for p in _roots(obs) if not p.alive]
+        p = gone[0]
+        if obs.relaunch is not None and obs.relaunch.pid == p.pid:
+            return anomaly("dead", f"relaunch pid {p.pid} ({p.why}) = {p.state} != alive before its start record",
+                           step, "The relaunched command exited before training began: read train.log "
+                           "through checkin.py (a rejected flag, a missing file), fix the line, then relaunch")
+        return anomaly("dead", f"pid {p.pid} ({p.why}) = {p.state} != alive with no sentinel", step, fix)
+    for p in obs.processes:
+        if p.child and not p.alive and p.quiet_after_exit > max(th.rank_grace, obs.stall_after / 10):
+            parent = p.why
+            return anomaly("dead", f"pid {p.pid} ({parent}) = {p.state} != alive, metrics silent "
+                           f"{secs(p.quiet_after_exit)} since", step,
+                           "A process the run spawned (a rank) died and the run waits for it: read its "
+                           "error in train.log through checkin.py, then kill the run and relaunch from the last checkpoint")
+    return None
+
+
+def rule_rank_hang(obs, th):
+    if len(obs.ranks) < 2 or died(obs, th):
+        return None  # one process: the stall rule names a stopped pid
+    return rk.rank_hang(obs.ranks, obs.now, obs.rank_procs, stall_s=obs.stall_after)
+
+
+def rule_rank_fatal(obs, th):
+    if obs.root_cause is not None or not obs.ranks:
+        return None
+    found = rk.rank_fatal(obs.ranks)
+    if found is None or any(is_fallout(s.fatal or "") for s in obs.ranks.values()):
+        return None  # a peer's "connection reset" after another rank died is fallout, not the cause
+    return found
+
+
+def rule_fatal(obs, th):
+    return obs.records.hits.get("fatal") or rule_rank_fatal(obs, th)
+
+
+def rule_straggler(obs, th):
+    if not obs.ranks:
+        return None
+    return rk.straggler(obs.ranks, obs.now, window_s=th.throughput_window, ratio=th.straggler_ratio)
+
+
+def rule_stall(obs, th):
+    stopped = [p for p in obs.processes if p.state == "stopped"]
+    if stopped:
+        p = stopped[0]
+        return anomaly("stall", f"pid {p.pid} state = stopped != running", obs.records.last_step,
+                       f"The process is suspended (SIGSTOP or Ctrl-Z): resume it with kill -CONT {p.pid}, "
+                       "or kill it and relaunch")
+    if not obs.has_steps or obs.quiet_since is None or _ended(obs, th) or obs.relaunch is not None:
+        return None
+    if obs.processes and not obs.alive:
+        return None  # gone: dead or crash says so
+    age = obs.now - obs.quiet_since
+    if age <= obs.stall_after:
+        return None
+    live = obs.alive
+    where = (f"The process lives but writes nothing: py-spy dump --pid {live[0].pid} shows where it hangs "
+             "(a dataloader worker, a collective, a lock); kill it and relaunch") if live else (
+             "Nothing writes the metrics any more and no process of the run is visible from here: check the "
+             "trainer where it runs (its host, the scheduler), then kill and relaunch it if it hangs")
+    return anomaly("stall", f"metrics age = {secs(age)} > {secs(obs.stall_after)}{obs.stall_why}",
+                   obs.records.last_step, where)
+
+
+def rule_no_telemetry(obs, th):
+    if obs.has_steps or obs.slurm_waiting:
+        return None
+    waited = obs.now - obs.started
+    if waited <= th.startup_grace:
+        return None
+    return anomaly("no_telemetry", f"time without a step record = {secs(waited)} > {secs(th.startup_grace)}",
+                   obs.records.last_step, "No step record yet: check that the script writes RUN_DIR/metrics.jsonl "
+                   "(the --out folder) and read train.log through checkin.py")
+
+
+def rule_no_progress(obs, th):
+    attempts = list(obs.records.attempts) + [({}, None)] * obs.failed_launches
+    return no_progress(attempts)
+
+
+def rule_slurm(kind: str):
+    def check(obs, th):
+        if obs.slurm is None or obs.slurm_waiting:
+            return None
+        found = slurm_anomaly(obs.slurm, obs.sentinel is not None, obs.records.last_step)
+        return found if found is not None and found.kind == kind else None
+    check.__name__ = f"slurm_{kind}"
+    return check
+
+
+def _first(*checks):
+    def check(obs, th):
+        for c in checks:
+            found = c(obs, th)
+            if found is not None:
+                return found
+        return None
+    check.__name__ = "_".join(c.__name__ for c in checks)
+    return check
+
+
+def rule_gpu_idle(obs, th):
+    if obs.gpu_util is None or _ended(obs, th) or not obs.alive:
+        return None
+    if obs.now - obs.started <= th.startup_grace or obs.gpu_idle_for <= th.gpu_idle:
+        return None
+    pid = obs.alive[0].pid
+    return anomaly("gpu_idle", f"GPU utilization = {obs.gpu_util:.0f}% < {th.gpu_idle_util:g}% for "
+                   f"{secs(obs.gpu_idle_for)} > {secs(th.gpu_idle)}", obs.records.last_step,
+                   "The process lives but the GPU does nothing: a CPU-bound dataloader, a hang in a "
+                   f"collective, or the model on the CPU; py-spy dump --pid {pid} shows which")
+
+
+def rule_timeout(obs, th):
+    if obs.time_limit is None:
+        return None
+    ran = obs.now - obs.started
+    if ran <= obs.time_limit:
+        return None
+    return anomaly("timeout", f"wall time = {secs(ran)} > {secs(obs.time_limit)} ({obs.time_limit_why})",
+                   obs.records.last_step, "The run outlived its plan: stop it (scripts/stop.py RUN_DIR), keep the "
+                   "best checkpoint, and bench again before relaunching a shorter run")
+
+
+RULES = (
+    Rule("blind", rule_blind, None, process=True),
+    Rule("nan", _hit("nan"), "lr"),
+    Rule("fatal", rule_fatal, "same"),
+    Rule("oom", _first(rule_slurm("oom"), rule_oom), "batch", process=True),
+    Rule("crash", _first(rule_slurm("crash"), rule_crash), "same", process=True),
+    Rule("node_fail", rule_slurm("node_fail"), "same", process=True),
+    Rule("preempted", rule_slurm("preempted"), "same", process=True),
+    Rule("diverged", _hit("diverged"), "lr"),
+    Rule("loss_spike", _hit("loss_spike"), "lr"),
+    Rule("dead", _first(rule_slurm("dead"), rule_dead), "same", process=True),
+    Rule("rank_hang", rule_rank_hang, "same", process=True),
+    Rule("stall", rule_stall, "same", process=True),
+    Rule("no_telemetry", rule_no_telemetry, None, process=True),
+    Rule("no_progress", rule_no_progress, None),
+    Rule("inverted_labels", _hit("inverted_labels"), None),
+    Rule("stuck_auroc", _hit("stuck_auroc"), None),
+    Rule("chance_loss", _hit("chance_loss"), None),
+    Rule("grad_explode", _hit("grad_explode"), "lr"),
+    Rule("grad_collapse", _hit("grad_collapse"), None),
+    Rule("overfit", _hit("overfit"), None),
+    Rule("throughput", _hit("throughput"), None),
+    Rule("straggler", rule_straggler, "same", process=True),
+    Rule("gpu_idle", rule_gpu_idle, "same", process=True),
+    Rule("timeout", _first(rule_slurm("timeout"), rule_timeout), None, process=True),
+)
+BY_KIND = {r.kind: r for r in RULES}
+assert tuple(BY_KIND) == KINDS, "RULES must list every kind of rules.KINDS, in its order"
+
+
+def change_for(kind: Optional[str], message: str = "") -> Optional[str]:
+    """The relaunch change for a kind: 'lr', 'batch', 'same', or None (a relaunch does not fix
+    it). No kind (a run found dead by hand) is 'same'; a fatal that says a value is not finite
+    is 'lr'."""
+    if kind is None:
+        return "same"
+    if kind == "fatal" and "non-finite" in message:
+        return "lr"
+    rule = BY_KIND.get(kind)
+    return rule.change if rule else None
+
+
+def _headline(obs: Observation) -> str:
+    if obs.relaunch is not None or (not obs.records.n_steps and obs.alive):
+        return "STARTING"
+    if not obs.records.n_steps:
+        return "NOT STARTED"
+    return "RUNNING healthy"
+
+
+def _notes(obs: Observation) -> tuple:
+    notes = []
+    if obs.visibility:
+        notes.append(f"process not visible here: {obs.visibility}; judged by its records")
+    if obs.relaunch is not None:
+        p = obs.relaunch
+        notes.append(f"relaunch pid {p.pid} ({p.why}) has not written its start record yet: "
+                     "the previous attempt's records are history")
+    return tuple(notes)
+
+
+def _done(obs: Observation, notes: tuple) -> Verdict:
+    final = obs.sentinel or {}
+    nums = [(k, v) for k, v in final.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+            and k != "attempt"][:6]
+    facts = "; " + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in nums) if nums else ""
+    start = obs.records.start
+    of = f"/{start['total_steps']}" if start.get("total_steps") else ""
+    attempt = f" (attempt {start['attempt']})" if start.get("attempt") else ""
+    ran = obs.now - obs.watch_started
+    line = (f"OK done: {obs.sentinel_name} written at step {obs.records.last_step}{of}{attempt} "
+            f"after {ran:.0f}s of watching{facts}")
+    return Verdict("done", line, None, "DONE", notes)
+
+
+def judge(obs: Observation, th: Thresholds) -> Verdict:
+    """The verdict on one observation: the first alarm of ``RULES``, else done / finishing /
+    watching. Pure: no file, process or clock is read."""
+    notes = _notes(obs)
+    warnings = tuple(a for k, a in obs.records.hits.items() if BY_KIND[k].is_warning(th))
+    finished = obs.sentinel is not None and not obs.alive
+    if obs.watchdog_said is not None and obs.relaunch is None:
+        a = obs.watchdog_said
+        return Verdict("anomaly", a.message, a, f"ANOMALY {a.kind}", notes, warnings,
+                       change=change_for(a.kind, a.message))
+    late = finished and _after_sentinel(obs)
+    for rule in RULES:
+        if rule.process and finished and rule.kind != "blind" and not (late and rule.kind in ("oom", "crash")):
+            continue  # a finished run's processes have ended: that is no anomaly
+        found = rule.check(obs, th)
+        if found is None or rule.is_warning(th):
+            continue
+        if obs.hold_for > 0:
+            return Verdict("watching", "", None, _headline(obs), notes, warnings, recheck_in=obs.hold_for)
+        return Verdict("anomaly", found.message, found, f"ANOMALY {found.kind}", notes, warnings,
+                       change=change_for(found.kind, found.message))
+    if obs.sentinel is not None:
+        if obs.hold_for > 0:
+            return Verdict("watching", "", None, _headline(obs), notes, warnings, recheck_in=obs.hold_for)
+        quiet = obs.now - obs.sentinel_mtime if obs.sentinel_mtime is not None else 0.0
+        if obs.alive and quiet <= obs.stall_after:
+            return Verdict("finishing", "", None, "FINISHING",
+                           notes + (f"{obs.sentinel_name} written; pid {obs.alive[0].pid} is finishing "
+                                    "(a final save or eval): done when it exits",), warnings)
+        v = _done(obs, notes + ((f"pid {obs.alive[0].pid} still runs {secs(quiet)} after the sentinel",)
+                                if obs.alive else ()))
+        return Verdict(v.state, v.line, None, v.headline, v.notes, warnings)
+    return Verdict("watching", "", None, _headline(obs), notes, warnings)
+
+
+def _after_sentinel(obs: Observation) -> bool:
+    """An error in the log written after the sentinel: the process failed while finishing."""
+    return (obs.log_mtime is not None and obs.sentinel_mtime is not None and obs.log_mtime > obs.sentinel_mtime
+            and last_error(list(obs.log_tail[-LAST_WORDS:])) is not None)

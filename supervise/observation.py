@@ -1,0 +1,131 @@
+"""What one look at a run found, as frozen values: the input of ``judge`` and of every renderer.
+
+``engine.Observer.observe()`` builds one ``Observation`` per poll from the files, processes,
+ranks, scheduler and GPU; ``judge.judge(observation, thresholds)`` turns it into one
+``Verdict``. Nothing here reads a file or a clock, so rules and tests build observations by
+hand. Standard library only: this is on the hot path.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Mapping, Optional
+
+EMPTY: Mapping = MappingProxyType({})
+GONE = ("gone", "zombie", "dead")
+
+
+@dataclass(frozen=True)
+class Proc:
+    """One process of the run as seen this poll.
+
+    ``seen_alive``: this watchdog saw it alive, or a start/launch record written on this host
+    says it ran here: only such a process can be *dead*. A process that cannot be seen from this
+    host is not listed at all (``Observation.visibility`` says why)."""
+
+    pid: int
+    state: str                       # running|sleeping|stopped|zombie|dead|gone|alive
+    why: str = ""                    # "--pid", "launch record", "start record", "writes train.log", "child of N"
+    child: bool = False              # a child of a run process: a hand-spawned rank, or a dataloader worker
+    create_time: Optional[float] = None
+    seen_alive: bool = True
+    gone_for: float = 0.0            # s since this watchdog first saw it gone
+    quiet_after_exit: float = 0.0    # child: s the metrics file has been silent since it went
+
+    @property
+    def alive(self) -> bool:
+        return self.state not in GONE
+
+
+@dataclass(frozen=True)
+class Records:
+    """What the current attempt's records (after its last start record) said."""
+
+    start: Mapping = field(default_factory=lambda: EMPTY)
+    last_step: int = 0
+    n_steps: int = 0
+    n_evals: int = 0
+    hits: Mapping = field(default_factory=lambda: EMPTY)            # kind -> the record rule's first hit (alarms and warnings)
+    fatal: Optional[Mapping] = None
+    steps: tuple = ()                # the last step records, oldest first
+    evals: tuple = ()                # the last eval records
+    best_eval: Optional[Mapping] = None
+    attempts: tuple = ()             # (start record, its first logged step or None) per attempt, oldest first
+    steps_per_s: Optional[float] = None   # measured over the attempt's records (record time t)
+    elapsed: Optional[float] = None  # record time t of the last record
+    unknown: int = 0                 # records of no known kind
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One frozen look at a run. Clocks are wall-clock seconds (time.time())."""
+
+    now: float
+    watch_started: float
+    records: Records = field(default_factory=Records)
+    processes: tuple = ()            # Proc, the current attempt's (and its children)
+    visibility: str = ""             # '' when a run process is visible here, else why none is
+    relaunch: Optional[Proc] = None  # a process newer than the records' attempt that has not written its start record
+    started: float = 0.0             # when the attempt began: its oldest process, else its start record, else watching
+    metrics_mtime: Optional[float] = None
+    quiet_since: Optional[float] = None   # the latest of the last metrics write and the newest process's birth
+    stall_after: float = 360.0       # s of silence that are a stall now
+    stall_why: str = ""              # how stall_after was set (learned, announced)
+    sentinel: Optional[Mapping] = None    # the current run's completion sentinel, when written
+    sentinel_name: str = "final_val_metrics.json"
+    sentinel_mtime: Optional[float] = None
+    log_tail: tuple = ()             # filtered last lines of train.log (read when something ended)
+    log_mtime: Optional[float] = None
+    root_cause: Any = None           # logs.RootCause of torchrun's failure block, when the log has one
+    killed: Any = None               # logs.Killed: whether the root cause's SIGKILL was the OOM killer's
+    ranks: Mapping = field(default_factory=lambda: EMPTY)           # rank -> ranks.RankState
+    rank_procs: Mapping = field(default_factory=lambda: EMPTY)      # pid -> state of the local ranks' processes
+    slurm: Any = None                # slurm.SlurmJob, with --slurm-job
+    slurm_waiting: bool = False      # the job is queued or requeued: no process is expected
+    gpu_util: Optional[float] = None # max utilization of the run's GPUs, %; None: no GPU reading
+    gpu_idle_for: float = 0.0
+    gpu_lines: tuple = ()            # one line per GPU, or the reason there is no reading
+    blind: str = ""                  # why the run cannot be seen, '' when it can
+    hold_for: float = 0.0            # s left of the relaunch grace: history alone, no process yet
+    time_limit: Optional[float] = None    # s from `started` after which the run is over its plan
+    time_limit_why: str = ""
+    failed_launches: int = 0         # launches after the last start record that died before writing one
+    watchdog_said: Any = None        # rules.Anomaly a watchdog of this run already reported (check-in)
+
+    @property
+    def alive(self) -> list:
+        return [p for p in self.processes if p.alive]
+
+    @property
+    def has_steps(self) -> bool:
+        return bool(self.records.n_steps or self.records.fatal or "nan" in self.records.hits)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The one verdict every tool renders. state: watching | finishing | done | anomaly | stopped."""
+
+    state: str
+    line: str = ""
+    anomaly: Any = None              # rules.Anomaly
+    headline: str = ""               # RUNNING healthy | STARTING | NOT STARTED | FINISHING | DONE | ANOMALY <kind> | STOPPED
+    notes: tuple = ()                # said once: the process is not visible here, a relaunch is starting, ...
+    warnings: tuple = ()             # rules.Anomaly that do not end the watch (overfit)
+    recheck_in: float = 0.0          # s: look once more this soon before trusting what history says
+    change: Optional[str] = None     # the relaunch change the kind calls for: lr | batch | same | None
+
+    @property
+    def code(self) -> int:
+        return 7 if self.state == "anomaly" else 0
+
+    @property
+    def kind(self) -> Optional[str]:
+        return self.anomaly.kind if self.anomaly is not None else None
+
+
+def frozen(d: Optional[Mapping]) -> Mapping:
+    """A read-only view of a record (records are dicts; observations must not change)."""
+    return MappingProxyType(dict(d)) if d else EMPTY
+
+
+__all__ = ["EMPTY", "GONE", "Proc", "Records", "Observation", "Verdict", "frozen"]
