@@ -24,6 +24,7 @@ from .cli import EXIT_USAGE, Parser, count, duration, fraction, positive_float, 
 from .contract import LOG, METRICS, SENTINEL, WATCHDOG_STATE, atomic_write_json, is_number, why_unreadable
 from .engine import Observer
 from .judge import judge
+from .launch import run_on_exit
 from .observation import Verdict
 from .rules import Thresholds
 
@@ -146,9 +147,10 @@ class _Wake(Exception):
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
-def run(watcher: Watchdog, out=None) -> int:
+def run(watcher: Watchdog, out=None, on_exit: Optional[str] = None) -> int:
     """Poll until done, an anomaly, or SIGTERM/SIGINT/SIGHUP; print the one final line; exit code.
-    A second signal while stopping changes nothing: one line, exit 0, never a traceback."""
+    A second signal while stopping changes nothing: one line, exit 0, never a traceback.
+    ``on_exit``: a shell command run once, detached, after the line (launch.run_on_exit)."""
     out = out or sys.stdout
     flags = {"sleeping": False, "signal": None}
 
@@ -180,6 +182,9 @@ def run(watcher: Watchdog, out=None) -> int:
             print(verdict.line, file=out, flush=True)
         except (BrokenPipeError, OSError):
             pass  # whoever read stdout is gone; the verdict is in watchdog.json all the same
+        if on_exit:
+            run_on_exit(on_exit, line=verdict.line, kind=verdict.kind,
+                        code=verdict.code, run_dir=watcher.run_dir)
     finally:
         for s, h in old.items():
             signal.signal(s, h)
@@ -224,6 +229,10 @@ def build_parser() -> Parser:
     p.add_argument("--slurm-job", metavar="ID", type=slurm_id,
                    help="follow this Slurm job with squeue/sacct: PENDING is no stall, the scheduler's end "
                         "states are verdicts (OUT_OF_MEMORY, NODE_FAIL, TIMEOUT, PREEMPTED, FAILED)")
+    p.add_argument("--on-exit", metavar="CMD",
+                   help="a shell command run once, detached, when the watchdog ends, with SUPERVISE_VERDICT, "
+                        "SUPERVISE_KIND, SUPERVISE_EXIT_CODE, SUPERVISE_RUN_DIR, SUPERVISE_SESSION_ID set "
+                        "(references/session.md)")
     p.add_argument("--sentinel", default=SENTINEL, metavar="NAME", type=sentinel_name,
                    help=f"completion sentinel, a file name in RUN_DIR [default: {SENTINEL}]")
     for name, default, unit, doc, is_duration in Thresholds.describe():
@@ -290,4 +299,4 @@ def main(argv=None, gpu=None) -> int:
                        num_labels_given="num_labels" in given, slurm_job=args.slurm_job)
     watcher.argv = tuple(sys.argv[2:] if argv is None else argv[1:])
     registry.register(run_dir, os.getpid(), args.pid)
-    return run(watcher)
+    return run(watcher, on_exit=args.on_exit)
