@@ -202,9 +202,14 @@ def sanitize(rec: dict) -> dict | None:
                 out[name] = None if out[name] is None else str(out[name])
         if "argv" in out and not (isinstance(out["argv"], list) and all(isinstance(a, str) for a in out["argv"])):
             out["argv"] = None
-        for name in ("time", "rank"):
-            if name in out:
-                out[name] = _count(out[name])
+        if "rank" in out:
+            out["rank"] = _count(out["rank"])
+        if "time" in out:  # wall clock, s: kept to the fraction (a relaunch is told apart by its birth)
+            try:
+                v = _float(out["time"])
+            except KeyError:
+                v = None
+            out["time"] = v if v is not None and math.isfinite(v) and v >= 0 else None
     elif kind == "expect":
         try:
             seconds = _float(out.get("seconds"))

@@ -15,7 +15,8 @@ record atomically and returns at once, printing one line: the pid and the watchd
 pid, pgid, sid, host, create_time (the process's start time, so that a recycled pid is told
 apart), launched_at, argv (the command as given), cwd, window_s, session_id, log, run_dir; and,
 once ``stop.py`` ended it: stop {requested_at, by, grace_s, signals, exited_after_s} and
-stopped_at. ``stop`` is written before the first signal, so a death seen during the grace is
+stopped_at; earlier: [{pid, launched_at, create_time}] of the folder's previous launches, newest
+first (a relaunch that died before its start record still counts toward no_progress). ``stop`` is written before the first signal, so a death seen during the grace is
 already known as the user's stop. Standard library (+psutil through probes): hot-path safe.
 """
 from __future__ import annotations
@@ -52,7 +53,7 @@ SAME_PROCESS_S = 1.0   # a start time within this of the record's is the same pr
 # reads as None. pid, launched_at and argv are required: without them the record is None.
 FIELDS = {"pid": int, "pgid": int, "sid": int, "host": str, "create_time": float, "launched_at": float,
           "argv": list, "cwd": str, "window_s": float, "session_id": str, "log": str, "run_dir": str,
-          "stop": dict, "stopped_at": float}
+          "stop": dict, "stopped_at": float, "earlier": list}
 
 
 # ----------------------------------------------------------------------------- the record
@@ -224,7 +225,8 @@ def launch(run_dir, argv: list[str], *, window_s: Optional[float] = None, sessio
             pgid = sid = child.pid
         rec = {"pid": child.pid, "pgid": pgid, "sid": sid, "host": socket.gethostname(),
                "create_time": info.create_time, "launched_at": time.time(), "argv": list(argv), "cwd": str(cwd),
-               "window_s": window_s, "session_id": session_id, "log": str(run / LOG), "run_dir": str(run)}
+               "window_s": window_s, "session_id": session_id, "log": str(run / LOG), "run_dir": str(run),
+               "earlier": _earlier(prev)}
         try:
             atomic_write_json(run / LAUNCH, rec)
         except OSError as e:  # nothing half-started: no record, no trainer
@@ -233,6 +235,14 @@ def launch(run_dir, argv: list[str], *, window_s: Optional[float] = None, sessio
             raise UsageError(f"cannot write {run / LAUNCH} ({e.strerror or e}); the trainer was stopped again")
     registry.record_launch(run, rec)
     return rec
+
+
+def _earlier(prev: Optional[dict], keep: int = 15) -> list:
+    """The previous launches of a folder, newest first: the last record's and its own list."""
+    if prev is None:
+        return []
+    old = [e for e in prev.get("earlier") or [] if isinstance(e, dict) and is_number(e.get("launched_at"))]
+    return ([{k: prev.get(k) for k in ("pid", "launched_at", "create_time")}] + old)[:keep]
 
 
 def launched_line(rec: dict) -> str:
