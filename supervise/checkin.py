@@ -16,6 +16,7 @@ from .cli import EXIT_OK, EXIT_USAGE, Parser, count
 from .contract import METRICS, WATCHDOG_STATE, is_finite, is_number, read_json
 from .engine import assess
 from .judge import judge
+from .launch import launch_alive, sanitize
 from .logs import last_error, oom_line
 from .probes import disk_free, process
 from .ranks import rank_lines
@@ -28,8 +29,11 @@ SKIP_DIRS = {".git", "node_modules", ".venv", "venv", "__pycache__", "checkpoint
 
 
 def find_run(cwd: Path, depth: int = 4) -> Optional[Path]:
-    """The watchdog registry's newest run, else the newest metrics.jsonl below ``cwd``."""
-    rec = registry.latest()
+    """The registry's newest run whose launched trainer still lives (a new session re-attaching),
+    else its newest run, else the newest metrics.jsonl below ``cwd``."""
+    live = next((r for r in registry.runs() if os.path.isdir(r["run_dir"]) and launch_alive(sanitize(r.get("launch")))),
+                None)
+    rec = live or registry.latest()
     if rec:
         return Path(rec["run_dir"])
     best, best_m = None, -1.0

@@ -125,7 +125,6 @@ def test_on_exit_resumes_the_ended_conversation_headlessly_with_the_verdict(work
     assert read_launch(run)["session_id"] == first["session_id"]
 
 
-@pytest.mark.xfail(reason="check-in re-attach lands with the engine", strict=False)
 def test_a_new_session_checkin_says_running_and_offers_the_watchdog_line(work):
     home, cwd = work
     write_train(cwd)
