@@ -23,8 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 from supervise.checkpoints import CheckpointWatch  # noqa: E402
 from supervise.rules import Thresholds  # noqa: E402
-from supervise.engine import Observer  # noqa: E402
-from supervise.judge import judge  # noqa: E402
+from supervise.watch import Watchdog  # noqa: E402
 
 STEP = '{"step":%d,"t":%d.5,"loss":0.31,"lr":0.0001,"grad_norm":1.1,"sps":812.0}\n'
 
@@ -54,15 +53,16 @@ def poll_cost(lines: int) -> dict:
         hf_checkpoints(run / "checkpoints", 50)   # the disk probe on: RUN_DIR/checkpoints is followed
         size = (run / "metrics.jsonl").stat().st_size
         t0 = time.perf_counter()
-        full = Observer(run, Thresholds(poll=30, max_stall=1e9, hard_timeout=1e9))
-        full.reader.catchup = 1 << 62   # what v0.1 did: fold every line once
-        full.observe()
+        full = Watchdog(run, Thresholds(poll=30, max_stall=1e9, hard_timeout=1e9))
+        full.observer.reader.catchup = 1 << 62   # what v0.1 did: fold every line once
+        full.poll()
         full_catch_up = time.perf_counter() - t0
-        w = Observer(run, Thresholds(poll=30, max_stall=1e9, hard_timeout=1e9))
+        w = Watchdog(run, Thresholds(poll=30, max_stall=1e9, hard_timeout=1e9))
         t0 = time.perf_counter()
-        judge(w.observe(), w.th)
+        w.poll()
         catch_up = time.perf_counter() - t0
-        skipped = w.reader.skipped_bytes
+        reader = w.observer.reader
+        skipped = reader.skipped_bytes
         step = lines * 10
         costs, read = [], []
         with open(run / "metrics.jsonl", "a") as f:
@@ -70,11 +70,11 @@ def poll_cost(lines: int) -> dict:
                 step += 10
                 f.write(STEP % (step, step))
                 f.flush()
-                before = w.reader.bytes_read
+                before = reader.bytes_read
                 t0 = time.perf_counter()
-                v = judge(w.observe(), w.th)
+                v = w.poll()  # observe, judge, save watchdog.json: one poll of the watchdog
                 costs.append(time.perf_counter() - t0)
-                read.append(w.reader.bytes_read - before)
+                read.append(reader.bytes_read - before)
                 assert v.state == "watching", v.line
         assert len(w.last.disk.checkpoints) == 50
         naive = []

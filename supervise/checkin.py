@@ -17,6 +17,7 @@ from .cli import EXIT_OK, EXIT_USAGE, Parser, count
 from .contract import METRICS, WATCHDOG_STATE, is_finite, is_number, read_json
 from .engine import assess
 from .judge import judge
+from .launch import launch_alive, sanitize
 from .logs import last_error, oom_line
 from .probes import disk_free, process
 from .ranks import rank_lines
@@ -29,8 +30,11 @@ SKIP_DIRS = {".git", "node_modules", ".venv", "venv", "__pycache__", "checkpoint
 
 
 def find_run(cwd: Path, depth: int = 4) -> Optional[Path]:
-    """The watchdog registry's newest run, else the newest metrics.jsonl below ``cwd``."""
-    rec = registry.latest()
+    """The registry's newest run whose launched trainer still lives (a new session re-attaching),
+    else its newest run, else the newest metrics.jsonl below ``cwd``."""
+    live = next((r for r in registry.runs() if os.path.isdir(r["run_dir"]) and launch_alive(sanitize(r.get("launch")))),
+                None)
+    rec = live or registry.latest()
     if rec:
         return Path(rec["run_dir"])
     best, best_m = None, -1.0
@@ -113,9 +117,13 @@ def gather(run_dir: Path, k: int = 5, now: Optional[float] = None, gpu=None) -> 
     now = now or time.time()
     wd = WatchState.from_json(read_json(run_dir / WATCHDOG_STATE))
     th = Thresholds.from_dict(wd.thresholds if wd else None)
+    wd_proc = process(wd.watchdog_pid) if wd and wd.watchdog_pid else None
+    wd_alive = bool(wd_proc and wd_proc.alive and wd.state in ("watching", "finishing"))
     flags = wd.argv if wd else []
     ckpt_dirs = tuple(v for k, v in zip(flags, flags[1:]) if k == "--checkpoint-dir")
-    _, obs, verdict = assess(run_dir, th, gpu=gpu, slurm_job=wd.slurm_job if wd else None, checkpoint_dirs=ckpt_dirs)
+    _, obs, verdict = assess(run_dir, th, gpu=gpu, slurm_job=wd.slurm_job if wd else None,
+                             notable=not wd_alive,  # a live watchdog has seen the middle of the file
+                             checkpoint_dirs=ckpt_dirs)
     said = _said(wd, obs.records.start)
     if said is not None:
         obs = dataclasses.replace(obs, watchdog_said=said)
@@ -127,8 +135,6 @@ def gather(run_dir: Path, k: int = 5, now: Optional[float] = None, gpu=None) -> 
     procs = obs.processes
     proc = next((p for p in procs if p.alive), procs[0] if procs else None)
     info = process(proc.pid, cpu_interval=0.05) if proc is not None and proc.alive else None
-    wd_proc = process(wd.watchdog_pid) if wd and wd.watchdog_pid else None
-    wd_alive = bool(wd_proc and wd_proc.alive and wd.state in ("watching", "finishing"))
     log = list(obs.log_tail)
     err = oom_line(log) or last_error(log)
     mtime = obs.metrics_mtime
@@ -253,7 +259,7 @@ def summary(run_dir, k: int = 5) -> str:
 
 def main(argv=None) -> int:
     p = Parser(prog="checkin.py", description="The state of a training run in one cheap read: the verdict "
-               "first (RUNNING healthy, STARTING, DONE, ANOMALY <kind>, NOT STARTED), then progress, "
+               "first (RUNNING healthy, STARTING, FINISHING, DONE, ANOMALY <kind>, NOT STARTED), then notes, progress, "
                "recent steps, evals, watchdog, process, GPU, disk and the last error; at most 1,500 characters.")
     p.add_argument("run_dir", nargs="?", metavar="RUN_DIR",
                    help="the run directory [the watchdog registry's newest run, else the newest metrics.jsonl below here]")

@@ -119,3 +119,22 @@ def run_dir_arg(text: str) -> str:
     return text
 
 
+
+class CommandParser(Parser):
+    """A Parser for ``SCRIPT [options] -- CMD ...``: everything after the first ``--`` is the
+    command, as given (its own flags untouched), in ``namespace.command`` ([] when none)."""
+
+    def parse_args(self, args=None, namespace=None):
+        args = list(sys.argv[1:] if args is None else args)
+        command = []
+        if "--" in args:
+            i = args.index("--")
+            args, command = args[:i], args[i + 1:]
+        ns = super().parse_args(args, namespace)
+        ns.command = command
+        return ns
+
+    def error(self, message):
+        if "unrecognized arguments" in message:
+            message += " (put the command after --: SCRIPT RUN_DIR [options] -- CMD ...)"
+        super().error(message)

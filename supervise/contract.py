@@ -202,9 +202,14 @@ def sanitize(rec: dict) -> dict | None:
                 out[name] = None if out[name] is None else str(out[name])
         if "argv" in out and not (isinstance(out["argv"], list) and all(isinstance(a, str) for a in out["argv"])):
             out["argv"] = None
-        for name in ("time", "rank"):
-            if name in out:
-                out[name] = _count(out[name])
+        if "rank" in out:
+            out["rank"] = _count(out["rank"])
+        if "time" in out:  # wall clock, s: kept to the fraction (a relaunch is told apart by its birth)
+            try:
+                v = _float(out["time"])
+            except KeyError:
+                v = None
+            out["time"] = v if v is not None and math.isfinite(v) and v >= 0 else None
     elif kind == "expect":
         try:
             seconds = _float(out.get("seconds"))
@@ -290,13 +295,14 @@ def dumps(rec: dict) -> str:
     return json.dumps(rec, separators=(",", ":")) + "\n"
 
 
-def atomic_write_json(path: str | os.PathLike, obj) -> None:
-    """Write JSON to a temporary file in the same folder, then rename it over ``path``."""
+def atomic_write_json(path: str | os.PathLike, obj, indent: int | None = 1) -> None:
+    """Write JSON to a temporary file in the same folder, then rename it over ``path``
+    (``indent=None``: one compact line, through json's C encoder: the watchdog's every poll)."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=1, default=str)
+            f.write(json.dumps(obj, indent=indent, default=str))  # dumps: the C encoder when indent is None
             f.write("\n")
         os.replace(tmp, path)
     except BaseException:

@@ -21,14 +21,14 @@ from typing import Optional
 
 from . import slurm as sl
 from .checkpoints import CheckpointWatch, checkpoint_dirs, declared_keep
-from .contract import LOG, METRICS, SENTINEL, TailReader, is_finite, is_number, read_json, why_unreadable
+from .contract import LOG, METRICS, SENTINEL, TailReader, is_finite, read_json, why_unreadable
+from .launch import LAUNCH, on_this_host, read_launch
 from .logs import cgroup_dir, kernel_oom_lines, killed_reason, log_tail, oom_kills, root_cause
 from .observation import GONE, Observation, Proc, Records, Verdict, frozen
 from .probes import Nvml, ProcessWatch, log_writers
 from .ranks import RankFiles, local_pids
 from .rules import RecordRules, Thresholds
 
-LAUNCH = "launch.json"
 SCAN_EVERY = 10        # polls between /proc scans for new train.log writers while the run lives
 LOG_LINES = 200
 
@@ -48,7 +48,7 @@ class Observer:
     def __init__(self, run_dir, thresholds: Thresholds = Thresholds(), pids=(), log=None,
                  sentinel: str = SENTINEL, gpu=None, num_labels_given: bool = False, clock=time.time,
                  one_shot: bool = False, slurm_job: Optional[str] = None, slurm_runner=None,
-                 checkpoint_dirs: tuple = ()):
+                 notable: bool = True, checkpoint_dirs: tuple = ()):
         self.run_dir = Path(run_dir)
         self.th = thresholds
         self.explicit_pids = tuple(pids)
@@ -56,7 +56,7 @@ class Observer:
         self.sentinel = self.run_dir / sentinel
         self.metrics = self.run_dir / METRICS
         self.reader = TailReader(str(self.metrics)) if not one_shot else \
-            TailReader(str(self.metrics), notable=True, head=32 << 10, tail=64 << 10)
+            TailReader(str(self.metrics), notable=notable, head=32 << 10, tail=64 << 10)
         self.rules = RecordRules(thresholds, num_labels_given)
         self.gpu = gpu
         self.clock = clock
@@ -90,13 +90,20 @@ class Observer:
     # -- the run's processes -------------------------------------------------------------------
     def launch_record(self) -> Optional[dict]:
         """RUN_DIR/launch.json (scripts/launch.py), re-read only when it changes."""
-        path = self.run_dir / LAUNCH
-        m = _mtime(path)
+        m = _mtime(self.run_dir / LAUNCH)
         if m != self._launch[0]:
-            rec = read_json(path)
-            ok = isinstance(rec, dict) and is_number(rec.get("pid")) and rec["pid"] > 0
-            self._launch = (m, rec if ok else None)
+            self._launch = (m, read_launch(self.run_dir) if m is not None else None)
         return self._launch[1]
+
+    @staticmethod
+    def _launches_since(launch: Optional[dict], start: dict) -> list:
+        """(pid, launched_at) of the launches after the current attempt's start record."""
+        if launch is None:
+            return []
+        start_t = start.get("time") if is_finite(start.get("time")) else None
+        out = [(launch["pid"], launch["launched_at"])] + [
+            (e.get("pid"), e["launched_at"]) for e in launch.get("earlier") or []]
+        return [(p, t) for p, t in out if start_t is None or t > start_t + 1]
 
     def _new_attempt(self) -> None:
         """A new start record: the processes of the old attempt are history."""
@@ -109,7 +116,7 @@ class Observer:
         why none is."""
         for pid in self.explicit_pids:
             self.known.setdefault(pid, "--pid")
-        if launch is not None and launch.get("host") in (None, self.host):
+        if launch is not None and on_this_host(launch):
             self.known.setdefault(int(launch["pid"]), "launch record")
         pid, host = start.get("pid"), start.get("host")
         remote = isinstance(host, str) and host and host != self.host
@@ -302,11 +309,17 @@ class Observer:
         procs = self._procs(now, start, launch)
         relaunch = self._relaunch(procs, start, launch)
         records = self._records()
-        failed = 0
+        since = self._launches_since(launch, start)
+        live = relaunch.pid if relaunch is not None and relaunch.alive else None
+        failed = sum(1 for pid, _ in since if pid != live and pid not in {p.pid for p in procs if p.alive})
         if relaunch is not None:
             records = Records(start=records.start, attempts=records.attempts)  # the old attempt is history
             procs = [p for p in procs if p.pid == relaunch.pid or p.why == "--pid" or p.why.startswith("child")]
-            failed = int(not relaunch.alive)
+        stop = launch.get("stop") if launch else None
+        stopped = ""
+        if stop and is_finite(stop.get("requested_at")) and not (is_finite(start.get("time"))
+                                                                  and stop["requested_at"] < start["time"]):
+            stopped = f"pid {launch['pid']} stopped by {stop.get('by') or 'scripts/stop.py'}"
         sentinel, sentinel_mtime = self._sentinel(procs, start) if relaunch is None else (None, None)
         job = self._slurm(now)
         waiting = bool(job and job.waiting)
@@ -348,19 +361,22 @@ class Observer:
             ranks=ranks, rank_procs=rank_procs, slurm=job, slurm_waiting=waiting, gpu_util=util,
             gpu_idle_for=idle_for, gpu_lines=gpu_lines, disk=self._disk(now, start),
             blind=self.reader.error or why_unreadable(self.log), hold_for=hold,
-            time_limit=limit, time_limit_why=limit_why, failed_launches=failed, watchdog_said=watchdog_said)
+            time_limit=limit, time_limit_why=limit_why, failed_launches=failed, stopped=stopped,
+            watchdog_said=watchdog_said)
         self.last = obs
         return obs
 
 
 def assess(run_dir, thresholds: Optional[Thresholds] = None, gpu=None, pids=(),
-           slurm_job: Optional[str] = None, watchdog_said=None, checkpoint_dirs: tuple = ()) -> tuple:
+           slurm_job: Optional[str] = None, watchdog_said=None, notable: bool = True,
+           checkpoint_dirs: tuple = ()) -> tuple:
     """One look at the run as it is now, judged by the watchdog's rules: (observer, observation,
     verdict). ``watchdog_said``: the anomaly a watchdog of this run already reported (it saw every
-    record; one look at a tail may not)."""
+    record; one look at a tail may not). ``notable=False`` skips the middle of a long file (head
+    and tail only): for a run a live watchdog follows, which has seen every record."""
     from .judge import judge
     th = dataclasses.replace(thresholds or Thresholds(), orphan_grace=0.0, rank_grace=0.0)
-    observer = Observer(run_dir, th, pids=pids, gpu=gpu, one_shot=True, slurm_job=slurm_job,
+    observer = Observer(run_dir, th, pids=pids, gpu=gpu, one_shot=True, slurm_job=slurm_job, notable=notable,
                         checkpoint_dirs=checkpoint_dirs)
     obs = observer.observe(watchdog_said=watchdog_said)
     return observer, obs, judge(obs, th)

@@ -22,7 +22,7 @@ from typing import Callable, Optional
 
 BUNDLE = Path(__file__).resolve().parents[1]
 QUIET = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error", "TOKENIZERS_PARALLELISM": "false"}
-OWN_SCRIPTS = re.compile(r"(^|/)scripts/(watchdog|checkin|bench|audit|smoke|plot|demo)\.py$")
+OWN_SCRIPTS = re.compile(r"(^|/)scripts/(watchdog|checkin|bench|audit|smoke|plot|demo|launch|stop)\.py$")
 PYTHON = re.compile(r"^(.*/)?python(\d+(\.\d+)?)?$")
 LAUNCHERS = {"torchrun", "deepspeed"}
 SCHEDULERS = {"sbatch"}  # a batch job detaches by design: a launch that needs no run_in_background
@@ -54,7 +54,9 @@ class Call:
     memo: dict = field(default_factory=dict, repr=False, compare=False)  # the split, read once per call
 
 
-_RAW_TOKEN = re.compile(r"""[;&|()]+|(?:[^ \t\r\n;&|()'"\\]+|'[^']*'|"[^"\\]*(?:\\.[^"\\]*)*"|\\.)+|['"\\]""", re.S)
+# A run of ;&|() is one operator token, except the & of a redirection (2>&1, >&2, &>log), which
+# stays in its word: ``python train.py > log 2>&1`` runs in the foreground.
+_RAW_TOKEN = re.compile(r"""(?:[;|()]|&(?!>))+|(?:[^ \t\r\n;&|()<>'"\\]+|[<>]+&?|&>+|'[^']*'|"[^"\\]*(?:\\.[^"\\]*)*"|\\.)+|['"\\]""", re.S)
 _QUOTED_PART = re.compile(r"""'([^']*)'|"([^"\\]*(?:\\.[^"\\]*)*)"|\\(.)|([^'"\\]+)""", re.S)
 _DOUBLE_ESCAPE = re.compile(r'\\([\\"])')
 
@@ -67,8 +69,9 @@ def _unquote(word: str) -> str:
 def tokens(command: str) -> list[str]:
     """Words and operators as ``shlex.shlex(command, posix=True, punctuation_chars=";&|()")`` with
     ``whitespace_split`` splits them (quotes removed, a quoted part kept in its word; a run of
-    ``;&|()`` is one token), in linear time: one regex pass, quotes undone only in the words that
-    hold one. ValueError on an unclosed quote or a final backslash."""
+    ``;&|()`` is one token; unlike shlex, a redirection's ``&`` stays in its word: ``2>&1``), in
+    linear time: one regex pass, quotes undone only in the words that hold one. ValueError on an
+    unclosed quote or a final backslash."""
     out = _RAW_TOKEN.findall(command)
     for i, t in enumerate(out):
         if "'" in t or '"' in t or "\\" in t:
@@ -296,7 +299,7 @@ def detached(text: str) -> bool:
 
 
 def rule_notified(call: Call) -> Optional[str]:
-    if call.tool != "Bash" or call.background:
+    if call.tool != "Bash":
         return None
     parts = _parts(call)
     if parts is None:
@@ -305,14 +308,145 @@ def rule_notified(call: Call) -> Optional[str]:
         return None  # sbatch: the scheduler runs the job detached by design; the watchdog follows it
     text = call.command
     trains = bool(_launches(call)) or bool(re.search(r"python\d*(\.\d+)?\s|torchrun|accelerate\s+launch|deepspeed", text))
-    if not (trains and (any(op == "&" for _, op in parts) or detached(text))):
+    # in the foreground any & detaches; in a background job only a trailing one does (a & b & wait
+    # keeps the job, and its notification, until both end)
+    amp = parts[-1][1] == "&" if call.background else any(op == "&" for _, op in parts)
+    if not (trains and (amp or detached(text))):
         return None
-    fix = re.sub(r"\bdisown\b\s*;?", "", text).rstrip()
-    fix = fix[:-1] if fix.endswith("&") and not fix.endswith("&&") else fix
-    fix = " ".join(w for w in fix.split() if w not in ("nohup", "setsid")).strip().rstrip("&").rstrip(";").strip()
-    fix = fix_env(call, fix) if "\n" not in fix and not detached(fix) and not call.read else None
-    return _deny("notified", "A detached launch (&, nohup, setsid, disown, tmux -d, screen -dm) never wakes "
-                 "you when it ends: run it with run_in_background: true instead.", fix)
+    fix = detach_fix(text) if "\n" not in text.strip() and not call.read else None
+    where = " (RUN_DIR: the run's folder, for train.log and metrics.jsonl.)" if fix and " RUN_DIR -- " in fix else ""
+    return _deny("notified", "A detached launch (&, nohup, setsid, disown, tmux -d, screen -dm) leaves no launch "
+                 "record and never wakes you: start the trainer with the launcher (it detaches it to outlive this "
+                 "session, and records it), then run the watchdog line it prints with run_in_background: true."
+                 + where, fix)
+
+
+# ----------------------------------------------------------------------------- the launcher's line as the fix
+WRAPPERS = {"nohup", "setsid"}         # dropped: the launcher detaches the command itself
+MULTIPLEXERS = {"tmux", "screen"}      # the training command is found inside their arguments
+OUT_FLAGS = ("--out", "--output_dir", "--output-dir", "--out-dir", "--out_dir", "--run-dir", "--run_dir")
+LAUNCHER_ENV = {"PYTHONUNBUFFERED", *QUIET}  # the launcher sets these itself
+REDIRECT = re.compile(r"^(?:\d*|&)(?:>>?|<)&?(.*)$")
+
+
+def _raw_parts(command: str) -> list[tuple[list[tuple[str, str]], str]]:
+    """simple_commands with each word's raw text (its quoting kept) beside its value:
+    [([(raw, word), ...], operator that follows)]. ValueError as ``tokens``."""
+    out, cur = [], []
+    for raw in _RAW_TOKEN.findall(command):
+        if raw in ("'", '"', "\\"):
+            raise ValueError("unbalanced quoting")
+        if raw in OPERATORS:
+            out.append((cur, raw))
+            cur = []
+        else:
+            cur.append((raw, _unquote(raw) if "'" in raw or '"' in raw or "\\" in raw else raw))
+    out.append((cur, ""))
+    return [(w, op) for w, op in out if w]
+
+
+def _launch_at(pairs: list) -> Optional[tuple[list[str], list]]:
+    """(the raw VAR=value words to keep, the (raw, word) pairs of the training command with its
+    wrappers and redirections dropped) when this simple command is a detached training launch
+    (also among a tmux or screen command's words); None when it is none, or one of the bundle's
+    own scripts (kept as it is)."""
+    i, env = 0, []
+    while i < len(pairs) and (ENV_ASSIGN.match(pairs[i][1]) or pairs[i][1] == "env"):
+        if pairs[i][1] != "env" and pairs[i][1].partition("=")[0] not in LAUNCHER_ENV:
+            env.append(pairs[i][0])
+        i += 1
+    while i < len(pairs) and os.path.basename(pairs[i][1]) in WRAPPERS:
+        i += 1
+        while i < len(pairs) and pairs[i][1].startswith("-"):
+            i += 1
+    rest = pairs[i:]
+    if rest and os.path.basename(rest[0][1]) in MULTIPLEXERS:  # tmux new -d -s t python train.py
+        k = next((k for k in range(1, len(rest)) if not rest[k][1].startswith("-")
+                  and _launch([w for _, w in rest[k:]])), None)
+        return _launch_at(rest[k:]) if k else None
+    found = _launch([w for _, w in rest])
+    if not found or _own(found):
+        return None
+    cmd, skip = [], False
+    for raw, word in rest:
+        if skip:
+            skip = False
+            continue
+        m = REDIRECT.match(raw)
+        if m:  # the launcher owns the output: it appends to RUN_DIR/train.log
+            skip = m.group(1) == ""
+            continue
+        cmd.append((raw, word))
+    return env, cmd
+
+
+def _run_dir_of(pairs: list, command: str) -> str:
+    """The run folder a training command names: --out and its spellings, else the folder of the
+    train.log its output went to; else the placeholder RUN_DIR."""
+    words = [w for _, w in pairs]
+    for i, w in enumerate(words):
+        flag, eq, value = w.partition("=")
+        if flag in OUT_FLAGS and (eq or i + 1 < len(words)):
+            return shlex.quote(value if eq else words[i + 1])
+    for m in re.finditer(r"(?:^|\s)\d*>>?\s*(\S*train\.log)(?=\s|$)", command):
+        target = os.path.dirname(_unquote(m.group(1)))
+        if target:
+            return shlex.quote(target)
+    return "RUN_DIR"
+
+
+def _trains(command: str) -> bool:
+    try:
+        return any(_launch_at(pairs) for pairs, _ in _raw_parts(command))
+    except ValueError:
+        return False
+
+
+def detach_fix(command: str) -> Optional[str]:
+    """``command`` with each detached training launch started by the launcher instead (its
+    nohup, setsid, tmux or screen, its output redirection and its ``&`` dropped; VAR=value words
+    other than the ones the launcher sets kept in front), ``disown`` and a trailing ``&`` dropped,
+    the other steps kept. None when it cannot be derived."""
+    from .launch import launcher_line  # the deny path only: the hook's hot path stays small
+    try:
+        parts = _raw_parts(command)
+    except ValueError:
+        return None
+    out: list = []  # [text, operator]
+    piped = False   # the pipe after a launch (| tee log) is output capture: the launcher does it
+    for pairs, op in parts:
+        if piped:
+            out[-1][1], piped = op, op in ("|", "|&")
+            continue
+        words = _split_env([w for _, w in pairs])[1]
+        head = os.path.basename(words[0]) if words else ""
+        if head == "disown":
+            continue
+        found = _launch_at(pairs)
+        inner = next((w for _, w in pairs[1:] if " " in w and _trains(w)), None) if head in MULTIPLEXERS else None
+        if found is None and inner is not None:
+            text = detach_fix(inner)  # tmux new -d 'cd /w && python train.py > log 2>&1': its own chain
+            if text is None:
+                return None
+            out.append([text, op])
+            continue
+        if found is None:
+            out.append([" ".join(r for r, w in pairs if w not in WRAPPERS), op])
+            continue
+        env, cmd = found
+        if not cmd:
+            return None
+        line = launcher_line(_run_dir_of(cmd, " ".join(r for r, _ in pairs)), " ".join(r for r, _ in cmd))
+        out.append([" ".join([*env, line]), op])
+        piped = op in ("|", "|&")
+    if not out:
+        return None
+    text = ""
+    for i, (part, op) in enumerate(out):
+        last = i == len(out) - 1
+        op = "&&" if op == "&" else op
+        text += part + ("" if last or not op else ("; " if op == ";" else f" {op} "))
+    return None if detached(text) else text
 
 
 def _size(call: Call, path: str) -> int:
@@ -421,9 +555,11 @@ def rule_v5_arguments(call: Call) -> Optional[str]:
                  "and drop overwrite_output_dir=")
 
 
+# notified before the environment rules: a detached launch's fix is the launcher line, which
+# sets the environment itself
 RULES: dict[str, Callable[[Call], Optional[str]]] = {
-    "one_line": rule_one_line, "unbuffered": rule_unbuffered, "quiet_env": rule_quiet_env,
-    "notified": rule_notified, "no_log_dumps": rule_no_log_dumps,
+    "one_line": rule_one_line, "notified": rule_notified, "unbuffered": rule_unbuffered,
+    "quiet_env": rule_quiet_env, "no_log_dumps": rule_no_log_dumps,
     "no_credential_hunting": rule_no_credential_hunting, "v5_arguments": rule_v5_arguments,
 }
 

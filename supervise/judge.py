@@ -397,6 +397,12 @@ def judge(obs: Observation, th: Thresholds) -> Verdict:
         a = obs.watchdog_said
         return Verdict("anomaly", a.message, a, f"ANOMALY {a.kind}", notes, warnings,
                        change=change_for(a.kind, a.message))
+    if obs.stopped and not trainer and obs.sentinel is None:
+        first = next((a for r in RULES if not r.process and not r.is_warning(th)
+                      for a in (r.check(obs, th),) if a is not None), None)
+        if first is None:  # a first hit before the stop is still the verdict
+            return Verdict("stopped", f"STOPPED: {obs.stopped} at step {obs.records.last_step}; no anomaly before it",
+                           None, "STOPPED", notes, warnings)
     late = finished and _after_sentinel(obs)
     for rule in RULES:
         if rule.process and finished and rule.kind != "blind" and not (late and rule.kind in ("oom", "crash")):

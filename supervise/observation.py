@@ -91,6 +91,7 @@ class Observation:
     time_limit: Optional[float] = None    # s from `started` after which the run is over its plan
     time_limit_why: str = ""
     failed_launches: int = 0         # launches after the last start record that died before writing one
+    stopped: str = ""                # who stopped the launched trainer on purpose (scripts/stop.py), '' if nobody
     watchdog_said: Any = None        # rules.Anomaly a watchdog of this run already reported (check-in)
 
     @property

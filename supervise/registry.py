@@ -1,5 +1,5 @@
-"""The registry of runs that a watchdog started, so that tools find the current run with no
-arguments. One small JSON file per run directory under ``SUPERVISE_STATE_DIR`` (default
+"""The registry of runs that a watchdog watches or the launcher started, so that tools find the
+current run with no arguments. One small JSON file per run directory under ``SUPERVISE_STATE_DIR`` (default
 ``~/.local/state/supervising-training-runs/``): concurrent watchdogs never write one file."""
 from __future__ import annotations
 
@@ -26,19 +26,32 @@ def _entry(run_dir: Path) -> Path:
     return state_dir() / "runs" / f"{digest}.json"
 
 
-def register(run_dir, watchdog_pid: int, pids=()) -> None:
-    """Record that a watchdog now watches ``run_dir``. Failures to write are not fatal."""
+def _update(run_dir, fields: dict) -> None:
+    """Merge ``fields`` into the run's entry (atomic write; an unreadable entry starts afresh),
+    then keep the newest KEEP entries. Failures to write are not fatal."""
     run_dir = Path(run_dir).resolve()
     try:
         path = _entry(run_dir)
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(path, {"run_dir": str(run_dir), "watchdog_pid": watchdog_pid,
-                                 "pids": list(pids), "registered": time.time()})
+        prev = read_json(path)
+        entry = prev if isinstance(prev, dict) and prev.get("run_dir") == str(run_dir) else {}
+        atomic_write_json(path, {**entry, "run_dir": str(run_dir), **fields, "registered": time.time()})
         entries = sorted(path.parent.glob("*.json"), key=lambda p: p.stat().st_mtime)
         for old in entries[:-KEEP]:
             old.unlink(missing_ok=True)
     except OSError:
         pass
+
+
+def register(run_dir, watchdog_pid: int, pids=()) -> None:
+    """Record that a watchdog now watches ``run_dir`` (the entry's launch record, if any, stays)."""
+    _update(run_dir, {"watchdog_pid": watchdog_pid, "pids": list(pids)})
+
+
+def record_launch(run_dir, launch: dict) -> None:
+    """Record what the launcher started in ``run_dir`` (the entry's ``launch``; the last
+    watchdog's fields stay): check-in finds a launched run before any watchdog watches it."""
+    _update(run_dir, {"launch": launch})
 
 
 def runs() -> list[dict]:

@@ -24,6 +24,7 @@ from .cli import EXIT_USAGE, Parser, count, duration, fraction, positive_float, 
 from .contract import LOG, METRICS, SENTINEL, WATCHDOG_STATE, atomic_write_json, is_number, why_unreadable
 from .engine import Observer
 from .judge import judge
+from .launch import run_on_exit
 from .observation import Verdict
 from .rules import Thresholds
 
@@ -62,7 +63,7 @@ class WatchState:
     argv: list = field(default_factory=list)   # the watchdog's flags after RUN_DIR
 
     def to_json(self) -> dict:
-        return dataclasses.asdict(self)
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
     @classmethod
     def from_json(cls, obj) -> Optional["WatchState"]:
@@ -95,6 +96,7 @@ class Watchdog:
         self.verdict = Verdict("watching")
         self.save_error = ""
         self.argv: tuple = ()   # the flags this watchdog was started with (check-in offers them again)
+        self._thresholds = dataclasses.asdict(thresholds)
 
     def poll(self) -> Verdict:
         self.verdict = judge(self.observer.observe(), self.th)
@@ -125,11 +127,11 @@ class Watchdog:
             gpu=list(obs.gpu_lines) if obs else None,
             warnings=[w.message for w in v.warnings] + list(v.notes),
             slurm_job=o.slurm_job, slurm_state=obs.slurm.state if obs and obs.slurm else None,
-            thresholds=dataclasses.asdict(self.th), argv=list(self.argv))
+            thresholds=self._thresholds, argv=list(self.argv))
 
     def save(self) -> None:
         try:
-            atomic_write_json(self.run_dir / WATCHDOG_STATE, self.snapshot().to_json())
+            atomic_write_json(self.run_dir / WATCHDOG_STATE, self.snapshot().to_json(), indent=None)
             self.save_error = ""
         except OSError as e:
             if not self.save_error:  # say it once; the verdict still reaches stdout
@@ -145,9 +147,10 @@ class _Wake(Exception):
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
-def run(watcher: Watchdog, out=None) -> int:
+def run(watcher: Watchdog, out=None, on_exit: Optional[str] = None) -> int:
     """Poll until done, an anomaly, or SIGTERM/SIGINT/SIGHUP; print the one final line; exit code.
-    A second signal while stopping changes nothing: one line, exit 0, never a traceback."""
+    A second signal while stopping changes nothing: one line, exit 0, never a traceback.
+    ``on_exit``: a shell command run once, detached, after the line (launch.run_on_exit)."""
     out = out or sys.stdout
     flags = {"sleeping": False, "signal": None}
 
@@ -179,6 +182,9 @@ def run(watcher: Watchdog, out=None) -> int:
             print(verdict.line, file=out, flush=True)
         except (BrokenPipeError, OSError):
             pass  # whoever read stdout is gone; the verdict is in watchdog.json all the same
+        if on_exit:
+            run_on_exit(on_exit, line=verdict.line, kind=verdict.kind,
+                        code=verdict.code, run_dir=watcher.run_dir)
     finally:
         for s, h in old.items():
             signal.signal(s, h)
@@ -226,6 +232,10 @@ def build_parser() -> Parser:
     p.add_argument("--checkpoint-dir", action="append", default=[], metavar="DIR",
                    help="a folder of the run's checkpoints to follow for the disk rule (repeatable); default: the "
                         "start record's checkpoint_dir, else RUN_DIR/checkpoints")
+    p.add_argument("--on-exit", metavar="CMD",
+                   help="a shell command run once, detached, when the watchdog ends, with SUPERVISE_VERDICT, "
+                        "SUPERVISE_KIND, SUPERVISE_EXIT_CODE, SUPERVISE_RUN_DIR, SUPERVISE_SESSION_ID set "
+                        "(references/session.md)")
     p.add_argument("--sentinel", default=SENTINEL, metavar="NAME", type=sentinel_name,
                    help=f"completion sentinel, a file name in RUN_DIR [default: {SENTINEL}]")
     for name, default, unit, doc, is_duration in Thresholds.describe():
@@ -293,4 +303,4 @@ def main(argv=None, gpu=None) -> int:
                        checkpoint_dirs=tuple(args.checkpoint_dir))
     watcher.argv = tuple(sys.argv[2:] if argv is None else argv[1:])
     registry.register(run_dir, os.getpid(), args.pid)
-    return run(watcher)
+    return run(watcher, on_exit=args.on_exit)

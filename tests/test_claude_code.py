@@ -3,22 +3,15 @@ plugin's hooks fire for real, the skill is listed and loads."""
 import json
 import os
 import re
-import shutil
 import subprocess
-from pathlib import Path
+import sys
 
 import pytest
 
+from claude_client import CLAUDE, bash, client, skill_block
 from conftest import ROOT
 from fake_anthropic import FakeAnthropic
-
-VERSION = "2.1.197"
-DEFAULT = Path.home() / ".cache" / "supervising-training-runs" / f"claude-code-{VERSION}" / "node_modules" / ".bin" / "claude"
-CLAUDE = os.environ.get("CLAUDE_BIN") or (str(DEFAULT) if DEFAULT.exists() else shutil.which("claude"))
-if not CLAUDE or not os.path.exists(CLAUDE):
-    if os.environ.get("CI"):
-        raise RuntimeError("CI needs the Claude Code client: .ci/run installs it and sets CLAUDE_BIN")
-    pytest.skip("Claude Code client not installed (bash .ci/run installs it)", allow_module_level=True)
+from launching import as_run
 
 
 @pytest.fixture
@@ -26,22 +19,6 @@ def home(tmp_path):
     h = tmp_path / "home"
     h.mkdir()
     return h
-
-
-def client(fake, home, cwd, prompt="go", extra=()):
-    env = {**os.environ, "HOME": str(home), "ANTHROPIC_BASE_URL": fake.url, "ANTHROPIC_API_KEY": "sk-test",
-           "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
-    for k in ("PYTHONUNBUFFERED", "HF_HUB_DISABLE_PROGRESS_BARS", "TRANSFORMERS_VERBOSITY", "TOKENIZERS_PARALLELISM"):
-        env.pop(k, None)  # the hooks must see the command, not a friendly environment
-    p = subprocess.run([CLAUDE, "-p", prompt, "--output-format", "json", "--allowedTools", "Bash", "Skill",
-                        "--plugin-dir", str(ROOT), *extra], env=env, cwd=cwd, capture_output=True, text=True,
-                       timeout=180)
-    assert p.returncode == 0, p.stderr[-2000:]
-    return json.loads(p.stdout)
-
-
-def bash(command, background=True):
-    return ("Bash", {"command": command, "description": "step", "run_in_background": background})
 
 
 def test_multiline_launch_is_denied_with_the_fix_and_the_fix_runs(home, tmp_path):
@@ -59,17 +36,11 @@ def test_multiline_launch_is_denied_with_the_fix_and_the_fix_runs(home, tmp_path
     assert (tmp_path / "made" / "ok").exists()
 
 
-def skill_launch_line() -> str:
-    text = (ROOT / "SKILL.md").read_text()
-    step4 = text[text.index("## 4."):text.index("## 5.")]
-    return re.search(r"```bash\n(.+?)\n```", step4, re.S).group(1)
-
-
 def test_skill_is_listed_loads_and_its_launch_line_passes(home, tmp_path):
-    line = skill_launch_line()
+    line = as_run(skill_block("4"), sys.executable)
     assert "\n" not in line
     (tmp_path / "train.py").write_text("import sys, os; os.makedirs('runs/exp1', exist_ok=True)\n")
-    multi = line.replace(" && ", "\n")
+    multi = line.replace(" -- ", "\n-- ")
     calls = [("Skill", {"skill": "supervising-training-runs"}), bash(line), bash(multi)]
     with FakeAnthropic(calls) as fake:
         out = client(fake, home, tmp_path)

@@ -14,7 +14,8 @@ from conftest import ROOT
 
 # command -> the script in scripts/ with the same main
 COMMANDS = {"supervise-watchdog": "watchdog", "supervise-checkin": "checkin", "supervise-smoke": "smoke",
-            "supervise-bench": "bench", "supervise-audit": "audit", "supervise-plot": "plot"}
+            "supervise-bench": "bench", "supervise-audit": "audit", "supervise-plot": "plot",
+            "supervise-launch": "launch", "supervise-stop": "stop"}
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ from supervise.guard import Call, decide
 Q = "HF_HUB_DISABLE_PROGRESS_BARS=1 TRANSFORMERS_VERBOSITY=error TOKENIZERS_PARALLELISM=false"
 GOOD = f"mkdir -p runs/a && PYTHONUNBUFFERED=1 {Q} python -u train.py --out runs/a > runs/a/train.log 2>&1"
 WD = "python -u scripts/watchdog.py runs/a --poll 30 > runs/a/watchdog.log 2>&1"
+LAUNCH = "python3 /opt/plugin/scripts/launch.py runs/a --window 8h -- python -u train.py --out runs/a"
 BG, FG = True, False
 
 # (command, background, denied by rule or None, text the reason must hold)
@@ -54,7 +55,7 @@ TABLE = [
     (f"python scripts/smoke.py runs/s -- {Q} python -u train.py --smoke", BG, None, ""),
     ("python scripts/watchdog.py runs/a\n--poll 30", BG, "one_line", ""),
     # notified
-    (f"{Q} python -u train.py > log 2>&1 &", FG, "notified", f"{Q} python -u train.py > log 2>&1"),
+    (f"{Q} python -u train.py > log 2>&1 &", FG, "notified", "scripts/launch.py RUN_DIR -- python -u train.py"),
     ("nohup python train.py > log 2>&1 &", FG, "notified", "run_in_background: true"),
     ("setsid torchrun train.py", FG, "notified", "run_in_background"),
     ("python train.py & disown", FG, "notified", ""),
@@ -62,6 +63,29 @@ TABLE = [
     ("screen -dmS t python train.py", FG, "notified", ""),
     ("sleep 5 &", FG, None, ""),
     ("echo a & echo b", FG, None, ""),
+    # the launcher's line passes, in the foreground and in the background (issue 21) ...
+    (LAUNCH, FG, None, ""),
+    (LAUNCH, BG, None, ""),
+    ("supervise-launch runs/a -- python train.py --out runs/a", FG, None, ""),
+    ("supervise-launch runs/a -- python train.py --out runs/a", BG, None, ""),
+    (f"cd /w && {LAUNCH}", BG, None, ""),
+    ("python3 scripts/stop.py runs/a --grace 30s", FG, None, ""),
+    ("python -u train.py > runs/a/train.log 2>&1", FG, None, ""),  # 2>&1 is a redirection, not a detach
+    ("python -u train.py &> runs/a/train.log", FG, None, ""),
+    (f"PYTHONUNBUFFERED=1 {Q} python train.py & PYTHONUNBUFFERED=1 {Q} python eval.py & wait", BG, None, ""),  # the job waits for both
+    # ... and a raw detached launch gets the launcher's line as the fix, in either mode
+    ("nohup python -u train.py --out runs/a > runs/a/train.log 2>&1 &", FG, "notified",
+     "scripts/launch.py runs/a -- python -u train.py --out runs/a"),
+    (f"PYTHONUNBUFFERED=1 {Q} nohup python -u train.py --out runs/a > runs/a/train.log 2>&1 &", BG, "notified",
+     "scripts/launch.py runs/a -- python -u train.py --out runs/a"),
+    ("cd /w && CUDA_VISIBLE_DEVICES=0 setsid python train.py > runs/b/train.log 2>&1", FG, "notified",
+     "cd /w && CUDA_VISIBLE_DEVICES=0 python3 "),
+    ("tmux new -d -s t 'cd /w && python train.py --output_dir=runs/c'", FG, "notified",
+     "cd /w && python3 "),
+    ("screen -dmS t torchrun --nproc_per_node 2 train.py --out runs/d", BG, "notified",
+     "runs/d -- torchrun --nproc_per_node 2 train.py --out runs/d"),
+    ("python train.py --out runs/e | tee runs/e/train.log &", FG, "notified", "runs/e -- python train.py --out runs/e"),
+    (f"{LAUNCH} &", FG, "notified", LAUNCH),
     # Slurm: a batch job detaches by design; sbatch is a launch that needs no run_in_background (issue 16)
     ("sbatch job.sh", FG, None, ""),
     ("sbatch --wrap 'python -u train.py' -o runs/a/train.log", FG, None, ""),
@@ -75,7 +99,7 @@ TABLE = [
      f"PYTHONUNBUFFERED=1 {Q} /opt/conda/bin/torchrun --nproc_per_node=2 train.py"),
     (f"PYTHONUNBUFFERED=1 {Q} .venv/bin/torchrun train.py", BG, None, ""),
     (".venv/bin/torchrun --nproc_per_node 2 train.py > log 2>&1 &", FG, "notified",
-     f"PYTHONUNBUFFERED=1 {Q} .venv/bin/torchrun --nproc_per_node 2 train.py > log 2>&1"),
+     "scripts/launch.py RUN_DIR -- .venv/bin/torchrun --nproc_per_node 2 train.py"),
     ("torchrun --nproc_per_node 2 train.py\necho done", BG, "one_line",
      f"PYTHONUNBUFFERED=1 {Q} torchrun --nproc_per_node 2 train.py && echo done"),
     ("torchrun --nproc_per_node 2 train.py", FG, None, ""),  # foreground: it ends in front of the agent
@@ -132,6 +156,18 @@ def test_decision(command, background, rule, needle, files, tmp_path):
         assert reason is not None and reason.startswith(f"[{rule}] "), reason
         assert needle in reason, reason
         assert len(reason.split(" Run instead: ")[0]) <= 400
+
+
+@pytest.mark.parametrize("command", [c for c, _, rule, _ in TABLE if rule == "notified"])
+def test_a_detached_launch_is_fixed_by_a_line_that_passes(command, tmp_path):
+    """The fix of every detached launch passes every rule, in the foreground and the background."""
+    reason = decide(Call("Bash", command, False, cwd=str(tmp_path)))
+    if " Run instead: " not in reason:
+        pytest.skip("no fix derived for this shape")
+    fix = reason.split(" Run instead: ")[1]
+    assert "scripts/launch.py" in fix or "scripts/watchdog.py" in fix, fix
+    for background in (False, True):
+        assert decide(Call("Bash", fix, background, cwd=str(tmp_path))) is None, (fix, background)
 
 
 def test_table_is_big_enough():

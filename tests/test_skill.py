@@ -96,9 +96,11 @@ def test_every_skill_command_parses(script, rest):
     assert ns is not None
 
 
-def test_the_launch_line_is_one_line_with_the_environment():
+def test_the_launch_line_is_the_launcher_on_one_line():
     step4 = SKILL[SKILL.index("## 4."):SKILL.index("## 5.")]
     line = re.search(r"```bash\n(.+?)\n```", step4, re.S).group(1)
+    assert "/scripts/launch.py " in line and " -- python -u " in line  # detached, outliving the session
     from supervise.guard import Call, decide
-    assert decide(Call("Bash", line, background=True)) is None
-    assert decide(Call("Bash", line.replace(" && ", "\n"), background=True)).startswith("[one_line]")
+    for background in (False, True):
+        assert decide(Call("Bash", line, background=background)) is None
+    assert decide(Call("Bash", line.replace(" -- ", "\n-- "), background=True)).startswith("[one_line]")

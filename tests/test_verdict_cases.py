@@ -98,7 +98,7 @@ def test_a_watchdog_beside_a_relaunch_judges_the_new_attempt(history, tmp_path, 
     old = ("--run-id", "old") + (("--nan-at", 50, "--no-sentinel") if history == "old_nan" else ())
     p = fake(run, "--records", 10, "--dt", 0.01, *old)
     assert p.wait(timeout=60) == 0
-    time.sleep(1.1)
+    time.sleep(2.5)  # a process start time is known to about a second (the kernel's boot time is whole seconds)
     procs.append(fake(run, "--silent-start", 3, "--records", 30, "--dt", 0.03, "--run-id", "new"))
     rc, out, err = run_script("watchdog.py", run, *FAST, timeout=90)
     assert rc == 0 and out.startswith("OK done: final_val_metrics.json written at step 300/300"), out + err
@@ -212,7 +212,7 @@ def test_a_relaunch_that_dies_before_its_start_record_is_named_within_a_poll(tmp
     run = tmp_path / "run"
     p = fake(run, "--records", 10, "--dt", 0.01, "--run-id", "old", "--exit-at", 50)
     assert p.wait(timeout=60) == 0
-    time.sleep(1.1)
+    time.sleep(2.5)  # a process start time is known to about a second (the kernel's boot time is whole seconds)
     bad = tmp_path / "train.py"
     bad.write_text("import argparse, time\ntime.sleep(2)\np = argparse.ArgumentParser()\n"
                    "p.add_argument('--lr')\np.parse_args()\n")

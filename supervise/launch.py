@@ -1,0 +1,310 @@
+"""The detached launch: a training command started in its own session, so that it outlives the
+agent's session (a ``claude -p`` that ends, an ``/exit``, a closed terminal), recorded in
+``RUN_DIR/launch.json`` and the registry; the record read back and checked alive by pid and start
+time; and the watchdog's ``--on-exit`` command, run detached the same way.
+
+    python3 scripts/launch.py RUN_DIR [--window 8h] [--session-id ID] -- python -u train.py --out RUN_DIR
+
+The launcher checks everything before it starts anything (a command that is not found or not
+executable, an unwritable run folder, a trainer of the same folder still alive: exit 2, one
+line, nothing started, no record written), then starts the command with stdin from /dev/null,
+stdout and stderr appended to ``RUN_DIR/train.log`` and the quiet variables set, writes the
+record atomically and returns at once, printing one line: the pid and the watchdog line.
+
+``launch.json`` (written atomically; ``read_launch`` gives it back with every field typed):
+pid, pgid, sid, host, create_time (the process's start time, so that a recycled pid is told
+apart), launched_at, argv (the command as given), cwd, window_s, session_id, log, run_dir; and,
+once ``stop.py`` ended it: stop {requested_at, by, grace_s, signals, exited_after_s} and
+stopped_at; earlier: [{pid, launched_at, create_time}] of the folder's previous launches, newest
+first (a relaunch that died before its start record still counts toward no_progress). ``stop`` is written before the first signal, so a death seen during the grace is
+already known as the user's stop. Standard library (+psutil through probes): hot-path safe.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+from . import registry
+from .cli import EXIT_OK, EXIT_USAGE, CommandParser, UsageError, duration, run_dir_arg
+from .contract import LOG, atomic_write_json, is_number, read_json, why_unreadable
+from .probes import process
+from .recovery import ENV, watchdog_line
+
+LAUNCH = "launch.json"
+ON_EXIT_LOG = "on_exit.log"
+LOCK = ".launch.lock"
+BUNDLE = Path(__file__).resolve().parents[1]
+# Where the session id comes from when --session-id is not given: Claude Code sets the first in
+# the environment of every Bash command it runs (checked with 2.1.197); the second is the name
+# an earlier draft of the skill documented.
+SESSION_VARS = ("CLAUDE_CODE_SESSION_ID", "CLAUDE_SESSION_ID")
+SAME_PROCESS_S = 1.0   # a start time within this of the record's is the same process
+
+# field -> type read_launch accepts (float: any number but a bool); a field of another type
+# reads as None. pid, launched_at and argv are required: without them the record is None.
+FIELDS = {"pid": int, "pgid": int, "sid": int, "host": str, "create_time": float, "launched_at": float,
+          "argv": list, "cwd": str, "window_s": float, "session_id": str, "log": str, "run_dir": str,
+          "stop": dict, "stopped_at": float, "earlier": list}
+
+
+# ----------------------------------------------------------------------------- the record
+def _typed(value, kind):
+    if kind is float:
+        return float(value) if is_number(value) else None
+    if kind is int:
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+    return value if isinstance(value, kind) else None
+
+
+def sanitize(obj) -> Optional[dict]:
+    """A launch record as read from disk, every field of FIELDS present and typed (None when
+    absent or of another type); None when it is not an object or lacks pid, launched_at or a
+    non-empty argv of strings. The file is input, not trusted."""
+    if not isinstance(obj, dict):
+        return None
+    rec = {name: _typed(obj.get(name), kind) for name, kind in FIELDS.items()}
+    if rec["argv"] is not None and not (rec["argv"] and all(isinstance(a, str) for a in rec["argv"])):
+        rec["argv"] = None
+    if rec["pid"] is None or rec["launched_at"] is None or rec["argv"] is None:
+        return None
+    return rec
+
+
+def read_launch(run_dir) -> Optional[dict]:
+    """``RUN_DIR/launch.json``, sanitized; None when it is missing, unreadable or not a record."""
+    return sanitize(read_json(Path(run_dir) / LAUNCH))
+
+
+def on_this_host(rec: dict) -> bool:
+    """Whether the record's process can be seen from here (a record without a host: assumed so)."""
+    return not rec.get("host") or rec["host"] == socket.gethostname()
+
+
+def launch_alive(rec: Optional[dict]) -> bool:
+    """The launched process still runs: on this host, its pid alive (not a zombie) and its start
+    time within SAME_PROCESS_S of the recorded one (a recycled pid is another process). A record
+    or a reading without a start time is judged by the pid alone. False on another host: it
+    cannot be seen from here (``on_this_host`` tells that case apart)."""
+    if not rec or not rec.get("pid") or not on_this_host(rec):
+        return False
+    info = process(rec["pid"])
+    if not info.alive:
+        return False
+    if rec.get("create_time") is None or info.create_time is None:
+        return True
+    return abs(info.create_time - rec["create_time"]) <= SAME_PROCESS_S
+
+
+def update_launch(run_dir, **fields) -> dict:
+    """Merge ``fields`` into ``RUN_DIR/launch.json`` (atomically) and return the new record.
+    OSError when it cannot be written; UsageError when there is no record to update."""
+    run = Path(run_dir)
+    old = read_json(run / LAUNCH)
+    if not isinstance(old, dict):
+        raise UsageError(f"{run / LAUNCH} is missing or unreadable")
+    new = {**old, **fields}
+    atomic_write_json(run / LAUNCH, new)
+    return new
+
+
+# ----------------------------------------------------------------------------- the launch
+def find_command(name: str, cwd: Path, path: Optional[str]) -> str:
+    """The executable ``name`` runs (as execvp finds it), or UsageError saying why none."""
+    if not name:
+        raise UsageError("the command is an empty word; put the training command after --")
+    if "/" in name:
+        p = Path(name) if os.path.isabs(name) else cwd / name
+        if not p.exists():
+            raise UsageError(f"{name}: no such file (from {cwd}); fix the path")
+        if p.is_dir():
+            raise UsageError(f"{name} is a folder, not a command; give the program to run")
+        if not os.access(p, os.X_OK):
+            raise UsageError(f"{name} is not executable: chmod +x {shlex.quote(name)}, or launch it through its "
+                             f"interpreter (python -u {shlex.quote(name)}, bash {shlex.quote(name)})")
+        return str(p)
+    found = shutil.which(name, path=path)
+    if not found:
+        raise UsageError(f"{name}: command not found on PATH; give its full path or fix the name")
+    return found
+
+
+def _writable(run: Path) -> None:
+    try:
+        run.mkdir(parents=True, exist_ok=True)
+        probe = run / f".launch-probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise UsageError(f"run directory {run} is not writable ({e.strerror or e}); pass a folder the launcher "
+                         f"can write {LOG} and {LAUNCH} into")
+    why = why_unreadable(run / LOG)
+    if why:  # a FIFO would block the open, a folder would fail it: say so before anything starts
+        raise UsageError(f"{why}; remove it, the launcher appends the trainer's output there")
+
+
+@contextlib.contextmanager
+def _locked(run: Path):
+    """One launcher at a time per run folder (two racing launchers cannot both start)."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock, the launch.json check still refuses a live trainer
+        yield
+        return
+    with open(run / LOCK, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _ago(t: float) -> str:
+    s = max(0.0, time.time() - t)
+    return f"{s:.0f}s" if s < 120 else f"{s / 60:.0f}m" if s < 7200 else f"{s / 3600:.1f}h"
+
+
+def stop_line(run_dir, *, python: Optional[str] = None) -> str:
+    """The line that stops the run launched in ``run_dir`` (scripts/stop.py)."""
+    exe = python or sys.executable or "python3"
+    return shlex.join([exe, str(BUNDLE / "scripts" / "stop.py"), os.path.abspath(run_dir)])
+
+
+def launcher_line(run_dir: str, command: str, *, python: str = "python3") -> str:
+    """The one physical line that launches ``command`` (shell text, its quoting kept) detached
+    into ``run_dir`` with this bundle's launcher: what the guard offers for a raw detached launch."""
+    return f"{python} {shlex.quote(str(BUNDLE / 'scripts' / 'launch.py'))} {run_dir} -- {command}"
+
+
+def launch(run_dir, argv: list[str], *, window_s: Optional[float] = None, session_id: Optional[str] = None,
+           cwd=None, env: Optional[dict] = None) -> dict:
+    """Start ``argv`` detached (own session, stdin /dev/null, output appended to RUN_DIR/train.log,
+    ENV set), record it in ``RUN_DIR/launch.json`` and the registry, return the record at once.
+
+    ``session_id`` [the environment's CLAUDE_CODE_SESSION_ID, else CLAUDE_SESSION_ID, else None]
+    is kept for ``--on-exit`` recipes (``claude --resume``). ``cwd`` [the current folder] and
+    ``env`` [os.environ] are the command's. UsageError (one line) when anything is wrong, before
+    anything starts: no command, a command not found or not executable, an unwritable folder, a
+    trainer of this folder still alive."""
+    if not argv:
+        raise UsageError("no command to launch: put it after --, e.g. launch.py runs/a -- python -u train.py "
+                         "--out runs/a")
+    run = Path(os.path.abspath(run_dir))
+    cwd = Path(os.path.abspath(cwd or os.getcwd()))
+    env = dict(os.environ if env is None else env)
+    exe = find_command(argv[0], cwd, env.get("PATH", os.defpath))
+    _writable(run)
+    if session_id is None:
+        session_id = next((env[v] for v in SESSION_VARS if env.get(v)), None)
+    with _locked(run):
+        prev = read_launch(run)
+        if prev is not None and launch_alive(prev):
+            raise UsageError(f"{run_dir} already has a live trainer (pid {prev['pid']}, launched {_ago(prev['launched_at'])} "
+                             f"ago): stop it first ({stop_line(run)}), or launch into another run folder")
+        log = open(run / LOG, "ab")
+        try:
+            child = subprocess.Popen(argv, executable=exe, stdin=subprocess.DEVNULL, stdout=log,
+                                     stderr=subprocess.STDOUT, cwd=cwd, env={**env, **ENV},
+                                     start_new_session=True, close_fds=True)
+        except OSError as e:
+            raise UsageError(f"{argv[0]}: cannot run it ({e.strerror or e}); nothing was started")
+        finally:
+            log.close()
+        info = process(child.pid)
+        try:
+            pgid, sid = os.getpgid(child.pid), os.getsid(child.pid)
+        except OSError:  # it already ended: its own session all the same (setsid ran before exec)
+            pgid = sid = child.pid
+        rec = {"pid": child.pid, "pgid": pgid, "sid": sid, "host": socket.gethostname(),
+               "create_time": info.create_time, "launched_at": time.time(), "argv": list(argv), "cwd": str(cwd),
+               "window_s": window_s, "session_id": session_id, "log": str(run / LOG), "run_dir": str(run),
+               "earlier": _earlier(prev)}
+        try:
+            atomic_write_json(run / LAUNCH, rec)
+        except OSError as e:  # nothing half-started: no record, no trainer
+            with contextlib.suppress(OSError):
+                os.killpg(child.pid, signal.SIGKILL)
+            raise UsageError(f"cannot write {run / LAUNCH} ({e.strerror or e}); the trainer was stopped again")
+    registry.record_launch(run, rec)
+    return rec
+
+
+def _earlier(prev: Optional[dict], keep: int = 15) -> list:
+    """The previous launches of a folder, newest first: the last record's and its own list."""
+    if prev is None:
+        return []
+    old = [e for e in prev.get("earlier") or [] if isinstance(e, dict) and is_number(e.get("launched_at"))]
+    return ([{k: prev.get(k) for k in ("pid", "launched_at", "create_time")}] + old)[:keep]
+
+
+def launched_line(rec: dict) -> str:
+    """The launcher's one line: what it started and the watchdog line to run next."""
+    return (f"launched pid {rec['pid']} (group {rec['pgid']}), output >> {rec['log']}; next, with "
+            f"run_in_background: true: {watchdog_line(rec['run_dir'])}")
+
+
+# ----------------------------------------------------------------------------- on exit
+def run_on_exit(cmd: str, *, line: str, kind: Optional[str], code: int, run_dir) -> None:
+    """Run the shell command ``cmd`` once, detached (own session, stdin /dev/null, output
+    appended to RUN_DIR/on_exit.log after a header line), with SUPERVISE_VERDICT (the verdict
+    line), SUPERVISE_KIND (the anomaly kind, empty when none), SUPERVISE_EXIT_CODE,
+    SUPERVISE_RUN_DIR and, when known, SUPERVISE_SESSION_ID (launch.json's, else the caller's
+    CLAUDE_CODE_SESSION_ID) in its environment. It runs in the caller's working folder. Never
+    raises: a command that cannot start is one warning line on stderr."""
+    try:
+        run = Path(run_dir).resolve()
+        rec = read_launch(run) or {}
+        env = {k: v for k, v in os.environ.items() if k != "SUPERVISE_SESSION_ID"}
+        env.update({"SUPERVISE_VERDICT": line, "SUPERVISE_KIND": kind or "", "SUPERVISE_EXIT_CODE": str(int(code)),
+                    "SUPERVISE_RUN_DIR": str(run)})
+        session = rec.get("session_id") or next((os.environ[v] for v in SESSION_VARS if os.environ.get(v)), None)
+        if session:
+            env["SUPERVISE_SESSION_ID"] = session
+        with open(run / ON_EXIT_LOG, "ab") as log:
+            log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} on-exit ({line[:200]}): {cmd}\n".encode())
+            log.flush()
+            subprocess.Popen(["/bin/sh", "-c", cmd], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                             env=env, start_new_session=True, close_fds=True)
+    except Exception as e:  # the verdict is printed already; the on-exit command is a bonus
+        with contextlib.suppress(Exception):
+            print(f"watchdog.py: warning: --on-exit did not start ({type(e).__name__}: {str(e)[:200]})",
+                  file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------- the front door
+def build_parser() -> CommandParser:
+    p = CommandParser(prog="launch.py", description=(
+        "Start a training command detached from this session (its own session, stdin /dev/null, output "
+        "appended to RUN_DIR/train.log, PYTHONUNBUFFERED=1 and the quiet variables set), so that it outlives "
+        "the agent; record it in RUN_DIR/launch.json and the registry; print one line (the pid and the "
+        "watchdog line to run next) and return at once. Exit 2, one line, nothing started: no command, a "
+        "command not found, an unwritable folder, a trainer of RUN_DIR still alive."))
+    p.add_argument("run_dir", metavar="RUN_DIR", type=run_dir_arg,
+                   help="the run folder (train.log, launch.json, metrics.jsonl); made when missing")
+    p.add_argument("--window", type=duration, metavar="DURATION",
+                   help="the GPU window the run has (90s, 6m, 8h): recorded for the watchdog's time limit")
+    p.add_argument("--session-id", metavar="ID",
+                   help="the agent's session id, for --on-exit recipes [$CLAUDE_CODE_SESSION_ID, which Claude "
+                        "Code sets]")
+    p.epilog = "usage after the options: -- CMD [ARG ...] (the training command, as you would type it)"
+    return p
+
+
+def main(argv=None) -> int:
+    p = build_parser()
+    args = p.parse_args(argv)
+    try:
+        rec = launch(args.run_dir, args.command, window_s=args.window, session_id=args.session_id or None)
+    except UsageError as e:
+        print(f"{p.prog}: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    print(launched_line(rec), flush=True)
+    return EXIT_OK

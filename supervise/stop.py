@@ -1,0 +1,144 @@
+"""End a run that the launcher started: SIGTERM to its process group, a grace period, then SIGKILL.
+
+    python3 scripts/stop.py RUN_DIR [--grace 30s]
+
+Prints one line saying what it did; exit 0 when the run is stopped or was already gone, 2 when
+RUN_DIR holds no launch record (or the process cannot be signalled from here), 7 when the group
+outlives SIGKILL. The stop is recorded in ``RUN_DIR/launch.json`` (atomically): ``stop`` with
+``requested_at`` before the first signal, then ``signals``, ``exited_after_s`` and
+``stopped_at`` once it is gone; a later verdict reads "stopped by the user" from it, not a death.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .cli import EXIT_ANOMALY, EXIT_OK, EXIT_USAGE, Parser, UsageError, duration, run_dir_arg
+from .launch import LAUNCH, SAME_PROCESS_S, on_this_host, read_launch, update_launch
+from .probes import process
+
+GRACE_S = 30.0
+KILL_WAIT_S = 10.0   # after SIGKILL: only a process stuck in the kernel (state D) takes longer
+TICK_S = 0.05
+
+
+def group_pids(pgid: int) -> list[int]:
+    """The live (not zombie) processes of process group ``pgid``: from /proc, else by signal 0."""
+    if os.path.isdir("/proc"):
+        out = []
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            rest = stat[stat.rfind(")") + 2:].split()
+            if len(rest) > 2 and rest[2] == str(pgid) and rest[0] not in ("Z", "X"):
+                out.append(int(d))
+        return out
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return []
+    except PermissionError:
+        pass
+    return [pgid]
+
+
+@dataclass
+class Stopped:
+    code: int
+    line: str
+
+
+def _wait_gone(pgid: int, seconds: float, clock) -> bool:
+    end = clock() + seconds
+    while True:
+        if not group_pids(pgid):
+            return True
+        if clock() >= end:
+            return False
+        time.sleep(TICK_S)
+
+
+def stop(run_dir, grace_s: float = GRACE_S, *, clock=time.monotonic) -> Stopped:
+    """Stop the run launched in ``run_dir``: SIGTERM to its process group, up to ``grace_s`` for
+    it to end, then SIGKILL. UsageError when there is no launch record, when it was launched on
+    another host, or when this user may not signal it."""
+    run = Path(run_dir)
+    rec = read_launch(run)
+    if rec is None:
+        raise UsageError(f"{run} has no readable {LAUNCH}: only a run started by launch.py can be stopped by "
+                         "stop.py; end another process with kill")
+    pid, pgid = rec["pid"], rec["pgid"] or rec["pid"]
+    who = f"pid {pid} (group {pgid})"
+    if not on_this_host(rec):
+        raise UsageError(f"{who} was launched on {rec['host']}, not on {socket.gethostname()}: run stop.py there")
+    leader = process(pgid)
+    recycled = (leader.alive and pgid == pid and rec["create_time"] is not None and leader.create_time is not None
+                and abs(leader.create_time - rec["create_time"]) > SAME_PROCESS_S)
+    if recycled or not group_pids(pgid):
+        return Stopped(EXIT_OK, f"{who} is already gone; nothing to stop")
+    stop_rec = {"requested_at": time.time(), "by": "stop.py", "grace_s": grace_s}
+    note = ""
+    try:
+        update_launch(run, stop=stop_rec)
+    except (OSError, UsageError) as e:
+        note = f" (not recorded in {LAUNCH}: {getattr(e, 'strerror', None) or e})"
+    t0 = clock()
+    signals = []
+    try:
+        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, KILL_WAIT_S)):
+            os.killpg(pgid, sig)
+            signals.append(sig.name)
+            if _wait_gone(pgid, wait, clock):
+                break
+    except ProcessLookupError:
+        pass  # gone between the check and the signal
+    except PermissionError:
+        raise UsageError(f"not allowed to signal {who} (another user's process): run stop.py as its owner")
+    took = clock() - t0
+    gone = not group_pids(pgid)
+    if not signals:
+        return Stopped(EXIT_OK, f"{who} is already gone; nothing to stop")
+    steps = "SIGTERM" if len(signals) == 1 else f"SIGTERM, still running after {grace_s:g}s; SIGKILL"
+    if not note:
+        try:
+            update_launch(run, stop={**stop_rec, "signals": signals, "exited_after_s": round(took, 2) if gone else None},
+                          **({"stopped_at": time.time()} if gone else {}))
+        except (OSError, UsageError) as e:
+            note = f" (not recorded in {LAUNCH}: {getattr(e, 'strerror', None) or e})"
+    if not gone:
+        return Stopped(EXIT_ANOMALY, f"{who}: {steps}, still running {took:.1f}s later (a process stuck in the "
+                                     f"kernel?); see ps -g {pgid}{note}")
+    return Stopped(EXIT_OK, f"stopped {who}: {steps}, exited after {took:.1f}s{note}")
+
+
+def build_parser() -> Parser:
+    p = Parser(prog="stop.py", description=(
+        "End a run that launch.py started: SIGTERM to its process group, wait the grace, then SIGKILL; one "
+        "line says what it did. Exit 0 when stopped or already gone, 2 when RUN_DIR has no launch.json. "
+        "The stop is recorded in RUN_DIR/launch.json, so the watchdog tells it from a death."))
+    p.add_argument("run_dir", metavar="RUN_DIR", type=run_dir_arg, help="the run folder that holds launch.json")
+    p.add_argument("--grace", type=duration, default=GRACE_S, metavar="DURATION",
+                   help=f"how long SIGTERM has before SIGKILL (90s, 2m) [default: {GRACE_S:g}s]")
+    return p
+
+
+def main(argv=None) -> int:
+    p = build_parser()
+    args = p.parse_args(argv)
+    try:
+        out = stop(args.run_dir, args.grace)
+    except UsageError as e:
+        print(f"{p.prog}: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    print(out.line, flush=True)
+    return out.code

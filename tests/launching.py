@@ -1,0 +1,85 @@
+"""What the launcher's tests share: a real trainer to launch (tests/fake_trainer.py writing the
+contract for minutes), waits on conditions instead of fixed sleeps, and the clean-up that ends
+every trainer a test launched (they are detached: nothing else would)."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+
+from conftest import FAKE, ROOT
+from supervise.launch import LAUNCH, launch_alive, read_launch
+
+LAUNCHER = ROOT / "scripts" / "launch.py"
+STOPPER = ROOT / "scripts" / "stop.py"
+BOUND = 60.0  # seconds: a hang, never a slow machine
+
+
+def trainer_argv(run_dir, *extra, records: int = 3000, dt: float = 0.1) -> list[str]:
+    """A trainer that writes one step record every ``dt`` s for ``records`` records (5 min)."""
+    return [sys.executable, "-u", str(FAKE), str(run_dir), "--records", str(records), "--dt", str(dt),
+            "--no-sentinel", *map(str, extra)]
+
+
+def as_run(line: str, python: str) -> str:
+    """A SKILL.md (or references/) line as the agent runs it here: ${CLAUDE_SKILL_DIR} is the bundle, and the
+    interpreter is ``python`` (CI has no bare ``python`` on PATH)."""
+    line = line.replace("${CLAUDE_SKILL_DIR}", str(ROOT))
+    return re.sub(r"(^|(?<=\s))python3?(?=\s)", python, line)
+
+
+def lines(path) -> int:
+    try:
+        return Path(path).read_bytes().count(b"\n")
+    except OSError:
+        return 0
+
+
+def wait_for(cond, what: str, timeout: float = BOUND, tick: float = 0.05):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        got = cond()
+        if got:
+            return got
+        time.sleep(tick)
+    raise AssertionError(f"{what}: not within {timeout:.0f}s")
+
+
+def keeps_writing(path, more: int = 5, timeout: float = BOUND) -> None:
+    """``path`` gains ``more`` lines from now on: the writer lives and works."""
+    start = lines(path)
+    wait_for(lambda: lines(path) >= start + more, f"{path} to grow by {more} lines from {start}", timeout)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def procs_with(marker: str) -> list[int]:
+    """The live processes whose command line holds ``marker``."""
+    out = []
+    for d in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if marker.encode() in open(f"/proc/{d}/cmdline", "rb").read() and pid_alive(int(d)):
+                out.append(int(d))
+        except OSError:
+            pass
+    return out
+
+
+def end_launched(root: Path) -> None:
+    """SIGKILL the process group of every live launch recorded under ``root``."""
+    for rec_path in Path(root).rglob(LAUNCH):
+        rec = read_launch(rec_path.parent)
+        if rec and launch_alive(rec):
+            try:
+                os.killpg(rec["pgid"] or rec["pid"], signal.SIGKILL)
+            except OSError:
+                pass
