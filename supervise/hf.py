@@ -18,11 +18,12 @@ and raises ``FloatingPointError`` from the step where it happened.
 """
 from __future__ import annotations
 
+import argparse
 import math
 import sys
 import time
 
-from transformers import HfArgumentParser, TrainerCallback, TrainingArguments
+from transformers import TrainerCallback, TrainingArguments
 
 from supervise.telemetry import Telemetry, check_overrides
 
@@ -51,15 +52,15 @@ SKIP_MODULES = ("transformers", "trl", "accelerate", "torch", "supervise", "peft
 
 
 def find_parser():
-    """The HfArgumentParser (TrlParser too) on the call stack that parses TrainingArguments: the
-    script's own, held by one of its frames (a local of ``main()`` or a module global); None
-    when the script built its TrainingArguments in code."""
+    """The HfArgumentParser (TrlParser too: TRL has its own copy of the class) on the call stack
+    that parses TrainingArguments: the script's own, held by one of its frames (a local of
+    ``main()`` or a module global); None when the script built its TrainingArguments in code."""
     frame = sys._getframe(1)
     while frame is not None:
         if not str(frame.f_globals.get("__name__", "")).startswith(SKIP_MODULES):
             for scope in (frame.f_locals, frame.f_globals):
                 for value in list(scope.values()):
-                    if isinstance(value, HfArgumentParser) and any(
+                    if isinstance(value, argparse.ArgumentParser) and any(
                             isinstance(t, type) and issubclass(t, TrainingArguments)
                             for t in getattr(value, "dataclass_types", ())):
                         return value
