@@ -198,9 +198,10 @@ def _checkpoints(run_dir: Path, start: Optional[dict] = None) -> list[Path]:
 
 def _shown(ck: Path, run_dir: Path) -> str:
     try:
-        return str(ck.relative_to(run_dir))
+        rel = str(ck.relative_to(run_dir))
     except ValueError:
         return str(ck)
+    return f"{run_dir} (the saved model)" if rel == "." else rel
 
 
 def _state_dict(state):
@@ -227,6 +228,7 @@ def check_checkpoint(run_dir: Path, script: Optional[Path], start: Optional[dict
     try:
         if ck.is_dir():
             import transformers
+            transformers.utils.logging.disable_progress_bar()
             config = transformers.AutoConfig.from_pretrained(ck)
             arch = (getattr(config, "architectures", None) or [None])[0]
             cls = getattr(transformers, arch, None) if arch else None
@@ -317,7 +319,7 @@ def run_command(run_dir: Path, command: list[str], timeout: float, env: Optional
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **QUIET, **(env or {})}
     t0 = time.time()
     log_path = run_dir / LOG
-    print(f"smoke: running {shlex.join(command)} > {log_path} 2>&1", file=sys.stderr, flush=True)
+    print(f"smoke: running {shlex.join(command)} >> {log_path} 2>&1", file=sys.stderr, flush=True)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         if why_unreadable(log_path):  # a FIFO would block the append below
@@ -381,7 +383,7 @@ def run_resumed(run_dir: Path, command: list[str], timeout: float) -> list[Row]:
     """The command SIGKILLed once its first checkpoint is saved, then relaunched with the start
     record's resume recipe (its argv words, its variables) and run to the end: rows 'command'
     (the resumed run) and 'resume' (it continued from the checkpoint's step: its first step
-    record lies within one logging interval after it). A script whose start record declares no
+    record lies at most one logging interval after it). A script whose start record declares no
     recipe runs to its end once, and the resume row is a SKIP that says so."""
     import signal
     from .recovery import _recipe, resume_words, with_resume
@@ -451,9 +453,11 @@ def run_resumed(run_dir: Path, command: list[str], timeout: float) -> list[Row]:
     if start.get("run_id") == start0.get("run_id") or not steps:
         return rows + [Row("resume", False, f"{where}: no new attempt logged a step")]
     first = steps[0]["step"]
-    ok = ckpt_step is not None and ckpt_step < first <= ckpt_step + max(gap, 1)
+    # the checkpoint's step or one logging interval after it: a checkpoint may hold the steps done
+    # (the Trainer's checkpoint-N) or the next step to run (nanoGPT's iter_num)
+    ok = ckpt_step is not None and ckpt_step <= first <= ckpt_step + max(gap, 1)
     return rows + [Row("resume", ok, f"{where}: the new attempt's first step record is step {first}" +
-                       ("" if ok else f", not within {gap} steps after {ckpt_step}: the script does not continue "
+                       ("" if ok else f", not within {gap} steps from {ckpt_step}: the script does not continue "
                         "from its last checkpoint"))]
 
 
