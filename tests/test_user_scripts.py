@@ -231,3 +231,32 @@ def test_the_hf_recipe_follows_the_scripts_spelling(tmp_path):
     assert p.returncode == 0, p.stderr[-2000:]
     start = attempts(tmp_path / "run2")[0][0]
     assert start["resume"] is None and start["flags"] is None
+
+
+def test_a_torchrun_run_is_relaunched_with_its_own_launcher(tmp_path):
+    """Workers record the launcher from torchrun's command line (torchrun itself becomes
+    python -m torch.distributed.run: the interpreter is known, a torchrun on PATH is not); the
+    relaunch line, run literally, starts the same two processes again."""
+    torchrun = Path(sys.executable).with_name("torchrun")
+    if not torchrun.exists():
+        pytest.skip("torchrun is not installed next to this Python")
+    run = tmp_path / "run"
+    loop = ["--standalone", "--nproc_per_node", "2", str(ROOT / "tests" / "ddp_loop.py"), "--out", str(run),
+            "--steps", "6", "--step-time", "0"]
+    env = " ".join(f"{k}={v}" for k, v in {"PYTHONUNBUFFERED": "1", **QUIET}.items())
+    line = f"mkdir -p {run} && {env} {torchrun} {shlex.join(loop)} >> {run}/train.log 2>&1"
+    assert subprocess.run(["bash", "-c", line], env=ENV, timeout=WAIT).returncode == 0, \
+        (run / "train.log").read_text()[-3000:]
+    (a1,) = attempts(run)
+    exe, *head = a1[0]["launcher"]
+    assert Path(exe).resolve() == Path(sys.executable).resolve(), exe  # the workers' interpreter (python3)
+    assert head == ["-m", "torch.distributed.run", *loop[:3]], a1[0]["launcher"]
+    again, note = relaunch_plan(a1[0], "dead", run)
+    w = shlex.split(again)
+    assert w[w.index(exe):w.index(">>")] == [exe, "-u", "-m", "torch.distributed.run", *loop]
+    assert run_line(again) == 0, (run / "train.log").read_text()[-3000:]
+    a2 = attempts(run)[-1]
+    assert a2[0]["run_id"] != a1[0]["run_id"] and a2[0]["world_size"] == 2
+    assert [w for w in a2[0]["launcher"] if w != "-u"] == a1[0]["launcher"]  # the same launch once more
+    table_row("ddp_loop.py (torchrun)", "relaunch line rc 0" + (f" ({note})" if note else ""), first_step(a2),
+              again.split(" && ", 2)[-1].split(" >> ")[0])
