@@ -271,8 +271,9 @@ def main(argv=None) -> int:
     try:
         m = measure_command(a) if a.cmd else measure_model(a)
     except ImportError as e:
-        print(f"bench.py: error: model mode needs torch and transformers ({e.name} missing): pip install "
-              "'supervising-training-runs[hf]' and a torch build for your GPU", file=sys.stderr)
+        bundle = shlex.quote(str(Path(__file__).resolve().parents[1]) + "[hf]")
+        print(f"bench.py: error: model mode needs torch and transformers ({e.name} missing): pip install -e "
+              f"{bundle} and a torch build for your GPU", file=sys.stderr)
         return EXIT_USAGE
     except (UsageError, ValueError, OSError) as e:
         print(f"bench.py: error: {(str(e).splitlines() or [type(e).__name__])[0]}", file=sys.stderr)
