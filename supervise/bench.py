@@ -34,13 +34,25 @@ class Measure:
     device: str
     eval_sps: Optional[float] = None
     oom_batches: list = field(default_factory=list)
+    checkpoint_bytes: Optional[int] = None  # one full save: weights + AdamW moments
 
 
 def _is_oom(e: BaseException) -> bool:
     return "out of memory" in str(e).lower() or type(e).__name__ == "OutOfMemoryError"
 
 
-def build_model(model: Optional[str], num_labels: int, seq_len: int):
+def build_model(model: Optional[str], num_labels: int, seq_len: int, task: str = "classification"):
+    """(model, vocabulary size): ``model`` from a path or the hub, else a tiny one built from a
+    config, offline (BERT for classification, Llama for a causal LM)."""
+    if task == "lm":
+        if model:
+            from transformers import AutoModelForCausalLM
+            m = AutoModelForCausalLM.from_pretrained(model)
+            return m, m.config.get_text_config().vocab_size
+        from transformers import LlamaConfig, LlamaForCausalLM
+        cfg = LlamaConfig(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max(seq_len, 8))
+        return LlamaForCausalLM(cfg), cfg.vocab_size
     if model:
         from transformers import AutoModelForSequenceClassification
         m = AutoModelForSequenceClassification.from_pretrained(model, num_labels=num_labels)
@@ -49,6 +61,13 @@ def build_model(model: Optional[str], num_labels: int, seq_len: int):
     cfg = BertConfig(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
                      intermediate_size=128, max_position_embeddings=max(seq_len, 8), num_labels=num_labels)
     return BertForSequenceClassification(cfg), cfg.vocab_size
+
+
+def checkpoint_bytes(model) -> int:
+    """Bytes a full checkpoint takes: the weights, and AdamW's two moments of each trained one."""
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    trained = sum(p.numel() * 4 for p in model.parameters() if p.requires_grad)
+    return weights + 2 * trained
 
 
 def time_steps(model, vocab: int, batch: int, seq_len: int, steps: int, warmup: int, precision: str,
@@ -60,7 +79,8 @@ def time_steps(model, vocab: int, batch: int, seq_len: int, steps: int, warmup: 
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
     ids = torch.randint(5, vocab, (batch, seq_len), device=device)
-    labels = torch.randint(0, model.config.num_labels, (batch,), device=device)
+    lm = type(model).__name__.endswith(("CausalLM", "LMHeadModel"))
+    labels = ids if lm else torch.randint(0, model.config.num_labels, (batch,), device=device)
     out = []
 
     def sync():
@@ -128,7 +148,7 @@ def resolve_device(name: str):
 def measure_model(a) -> Measure:
     import torch
     device = resolve_device(a.device)
-    model, vocab = build_model(a.model, a.num_labels, a.seq_len)
+    model, vocab = build_model(a.model, a.num_labels, a.seq_len, getattr(a, "task", "classification"))
     batch, ooms = a.batch, []
     while True:
         try:
@@ -151,7 +171,7 @@ def measure_model(a) -> Measure:
         import resource
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # KiB on Linux -> GB
     return Measure(statistics.median(sps), (min(sps), max(sps)), batch, peak, str(device),
-                   time_eval(model, vocab, batch * 2, a.seq_len, a.precision, device), ooms)
+                   time_eval(model, vocab, batch * 2, a.seq_len, a.precision, device), ooms, checkpoint_bytes(model))
 
 
 def measure_command(a) -> Measure:
@@ -196,6 +216,13 @@ def report(m: Measure, p: dict, a) -> str:
         lines.append(f"out of memory at batch {', '.join(map(str, m.oom_batches))}: largest batch that fits = {m.batch}")
     if m.peak_mem_gb is not None:
         lines.append(f"peak memory: {m.peak_mem_gb:.2f} GB ({'CUDA max allocated' if m.device.startswith('cuda') else 'RSS'})")
+    if m.checkpoint_bytes:
+        import shutil
+        try:
+            free = f"; {shutil.disk_usage('.').free / 1e9:.1f} GB free here"
+        except OSError:
+            free = ""
+        lines.append(f"checkpoint: {m.checkpoint_bytes / 1e9:.3g} GB per save (weights + AdamW moments){free}")
     lines.append(f"train: {a.samples:,} x {a.epochs:g} epochs / {m.sps:.1f} sps = {_h(p['train_s'])}")
     if p["eval_s"]:
         lines.append(f"eval: {a.eval_samples:,} x {max(a.epochs, 1):g} / {m.eval_sps:.1f} sps = {_h(p['eval_s'])}")
@@ -215,7 +242,9 @@ def report(m: Measure, p: dict, a) -> str:
 def main(argv=None) -> int:
     p = Parser(prog="bench.py", description="Bench ~15 real training steps and project the run's time against "
                "the window: FITS, or DOES NOT FIT with the largest sample count that fits.")
-    p.add_argument("--model", help="a local path or hub name [--config tiny]")
+    p.add_argument("--model", help="a local path or hub name, loaded for --task [--config tiny: BERT, or Llama for lm]")
+    p.add_argument("--task", choices=["classification", "lm"], default="classification",
+                   help="a sequence classifier, or a causal LM (labels = the input ids) (default: classification)")
     p.add_argument("--config", choices=["tiny"], default="tiny", help="an offline model built from a config (default: tiny)")
     p.add_argument("--seq-len", type=positive_int, default=128, help="tokens per sample (default: 128)")
     p.add_argument("--batch", type=positive_int, default=32, help="per-device batch (default: 32)")
@@ -242,8 +271,9 @@ def main(argv=None) -> int:
     try:
         m = measure_command(a) if a.cmd else measure_model(a)
     except ImportError as e:
-        print(f"bench.py: error: model mode needs torch and transformers ({e.name} missing): pip install "
-              "'supervising-training-runs[hf]' and a torch build for your GPU", file=sys.stderr)
+        bundle = shlex.quote(str(Path(__file__).resolve().parents[1]) + "[hf]")
+        print(f"bench.py: error: model mode needs torch and transformers ({e.name} missing): pip install -e "
+              f"{bundle} and a torch build for your GPU", file=sys.stderr)
         return EXIT_USAGE
     except (UsageError, ValueError, OSError) as e:
         print(f"bench.py: error: {(str(e).splitlines() or [type(e).__name__])[0]}", file=sys.stderr)

@@ -21,7 +21,7 @@ from .launch import launch_alive, sanitize
 from .logs import last_error, oom_line
 from .probes import disk_free, process
 from .ranks import rank_lines
-from .recovery import relaunch_line, watchdog_line
+from .recovery import relaunch_plan, watchdog_line
 from .rules import Anomaly, Thresholds
 from .watch import WatchState
 
@@ -94,12 +94,12 @@ def _next(run_dir: Path, obs, verdict, wd: Optional[WatchState], wd_alive: bool)
         return [f"no relaunch line: the last relaunch (pid {obs.relaunch.pid}) died before its start record; "
                 "fix the error above in its command, then relaunch; see references/recovery.md"]
     start = dict(obs.records.start)
-    line = relaunch_line(start, kind, run_dir, message=verdict.line or "")
+    bad = obs.records.hits.get("nan")
+    line, note = relaunch_plan(start, kind, run_dir, message=verdict.line or "",
+                               first_bad_step=bad.step if bad is not None else None)
     if line is None:
-        why = ("the start record has no argv/cwd (an older writer)" if not start.get("argv") else
-               f"a relaunch does not fix {kind}")
-        return [f"no relaunch line: {why}; see references/recovery.md ({kind})"]
-    return [line, watchdog_line(run_dir) + flags]
+        return [f"no relaunch line: {note}; see references/recovery.md ({kind})"]
+    return [line, watchdog_line(run_dir) + flags] + ([f"(note: {note})"] if note else [])
 
 
 def _resume(obs) -> list:

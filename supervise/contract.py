@@ -37,7 +37,10 @@ START_FIELDS = {"event": TEXT, "t": NUMBER, "pid": INTEGER, "total_steps": INTEG
                 "num_labels": INTEGER, "world_size": INTEGER, "batch_size": INTEGER,
                 # v0.2, all optional
                 "run_id": TEXT, "attempt": INTEGER, "task": TEXT, "vocab_size": INTEGER,
-                "rank": INTEGER, "cwd": TEXT, "time": NUMBER}
+                "rank": INTEGER, "cwd": TEXT, "time": NUMBER,
+                # v0.3, optional: how the run continues and was launched (lists and objects are
+                # checked by sanitize): resume, resume_env, checkpoint_dir, flags, launcher, slurm
+                "slurm_job_id": TEXT}
 START_REQUIRED = ("event", "t")
 STEP_FIELDS = {"step": INTEGER, "t": NUMBER, "loss": NUMBER, "lr": NUMBER,
                "grad_norm": NUMBER, "sps": NUMBER}
@@ -200,8 +203,21 @@ def sanitize(rec: dict) -> dict | None:
         for name in ("run_id", "task", "cwd"):
             if name in out and not isinstance(out[name], str):
                 out[name] = None if out[name] is None else str(out[name])
-        if "argv" in out and not (isinstance(out["argv"], list) and all(isinstance(a, str) for a in out["argv"])):
-            out["argv"] = None
+        for name in ("argv", "resume", "launcher"):
+            if name in out and not (isinstance(out[name], list) and all(isinstance(a, str) for a in out[name])):
+                out[name] = None
+        if "checkpoint_dir" in out and not isinstance(out["checkpoint_dir"], str) and not (
+                isinstance(out["checkpoint_dir"], list) and all(isinstance(a, str) for a in out["checkpoint_dir"])):
+            out["checkpoint_dir"] = None
+        for name in ("resume_env", "slurm"):
+            if name in out and not (isinstance(out[name], dict) and all(
+                    isinstance(k, str) and isinstance(v, str) for k, v in out[name].items())):
+                out[name] = None
+        if "flags" in out:
+            flags = out["flags"] if isinstance(out["flags"], dict) else {}
+            out["flags"] = {k: v for k, v in flags.items() if isinstance(k, str) and is_finite(v)} or None
+        if "slurm_job_id" in out and out["slurm_job_id"] is not None:
+            out["slurm_job_id"] = str(out["slurm_job_id"]) if isinstance(out["slurm_job_id"], (str, int)) else None
         if "rank" in out:
             out["rank"] = _count(out["rank"])
         if "time" in out:  # wall clock, s: kept to the fraction (a relaunch is told apart by its birth)

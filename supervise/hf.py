@@ -3,7 +3,13 @@
     from supervise.hf import TelemetryCallback
     trainer = Trainer(..., callbacks=[TelemetryCallback(args.output_dir)])
 
-Task, vocabulary or label count, total steps, batch and world size come from the trainer.
+Task, vocabulary or label count, total steps, batch and world size come from the trainer. When
+the script parses its TrainingArguments from the command line (HfArgumentParser, TrlParser), the
+start record says how it continues: ``resume`` = ``["--resume_from_checkpoint", "{checkpoint}"]``
+in the spelling of the script's own command line (dashes or underscores, ``--flag=value`` or two
+words), its learning-rate and batch flags with their values (``flags``), and ``checkpoint_dir`` =
+``args.output_dir``. The script passes ``training_args.resume_from_checkpoint`` to
+``trainer.train()``, as the transformers examples and TRL's scripts do.
 The Trainer's default ``logging_nan_inf_filter=True`` hides a NaN loss from ``on_log`` (it logs
 the window's running mean, or 0.0); this callback does not rely on it: a forward hook reads the
 raw loss of every micro-batch (for trainers whose model returns no loss, DPO or GRPO, the
@@ -12,10 +18,12 @@ and raises ``FloatingPointError`` from the step where it happened.
 """
 from __future__ import annotations
 
+import argparse
 import math
+import sys
 import time
 
-from transformers import TrainerCallback
+from transformers import TrainerCallback, TrainingArguments
 
 from supervise.telemetry import Telemetry, check_overrides
 
@@ -38,6 +46,54 @@ def model_task(model) -> dict:
     return {"task": "other"}
 
 
+# The flags the relaunch line may change, by their TrainingArguments field.
+KNOBS = ("learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps")
+SKIP_MODULES = ("transformers", "trl", "accelerate", "torch", "supervise", "peft", "datasets")
+
+
+def find_parser():
+    """The HfArgumentParser (TrlParser too: TRL has its own copy of the class) on the call stack
+    that parses TrainingArguments: the script's own, held by one of its frames (a local of
+    ``main()`` or a module global); None when the script built its TrainingArguments in code."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if not str(frame.f_globals.get("__name__", "")).startswith(SKIP_MODULES):
+            for scope in (frame.f_locals, frame.f_globals):
+                for value in list(scope.values()):
+                    if isinstance(value, argparse.ArgumentParser) and any(
+                            isinstance(t, type) and issubclass(t, TrainingArguments)
+                            for t in getattr(value, "dataclass_types", ())):
+                        return value
+        frame = frame.f_back
+    return None
+
+
+def _spell(parser, field: str, argv: list) -> str:
+    """``--field`` as the command line writes flags: with dashes when most of its multi-word
+    flags use them (HfArgumentParser takes both), else with underscores."""
+    flags = [w[2:].partition("=")[0] for w in argv[1:] if w.startswith("--")]
+    dashes = sum("-" in f and "_" not in f for f in flags)
+    unders = sum("_" in f for f in flags)
+    dashed = "--" + field.replace("_", "-")
+    return dashed if dashes > unders and dashed in parser._option_string_actions else "--" + field
+
+
+def cli_recipe(parser, args, argv: list) -> dict:
+    """Telemetry's resume / flags / checkpoint_dir for a script whose TrainingArguments come from
+    its command line ``argv``; {} when they do not (no parser, or a lone .json/.yaml config file,
+    which HfArgumentParser scripts parse instead of flags: a flag after it would not be read)."""
+    if parser is None or "--resume_from_checkpoint" not in parser._option_string_actions:
+        return {}
+    if len(argv) == 2 and argv[1].endswith((".json", ".yaml", ".yml")):
+        return {}
+    words = [w for w in argv[1:] if w.startswith("--")]
+    joined = sum("=" in w for w in words) > len(words) / 2
+    flag = _spell(parser, "resume_from_checkpoint", argv)
+    flags = {_spell(parser, k, argv): getattr(args, k) for k in KNOBS if hasattr(args, k)}
+    return {"resume": [f"{flag}={{checkpoint}}"] if joined else [flag, "{checkpoint}"], "flags": flags,
+            "checkpoint_dir": args.output_dir}
+
+
 class TelemetryCallback(TrainerCallback):
     """Writes RUN_DIR/metrics.jsonl (rank 0), RUN_DIR/ranks/rank-<N>.jsonl (every rank) and,
     when training completes, the sentinel RUN_DIR/final_val_metrics.json.
@@ -46,7 +102,7 @@ class TelemetryCallback(TrainerCallback):
     and at each of the Trainer's logging steps (then with its pre-clip grad norm); eval records
     carry every ``eval_*`` metric the Trainer reports. Keyword arguments override what is read
     from the trainer (task, num_labels, vocab_size, total_steps, batch_size, world_size, rank,
-    attempt, resume).
+    attempt, resume, resumed, resume_env, checkpoint_dir, flags).
     """
 
     def __init__(self, run_dir, *, every: int = 10, **overrides):
@@ -64,7 +120,8 @@ class TelemetryCallback(TrainerCallback):
         fields = dict(model_task(model) if model is not None else {"task": "other"},
                       total_steps=state.max_steps,
                       batch_size=args.per_device_train_batch_size * args.gradient_accumulation_steps,
-                      resume=state.global_step > 0)
+                      resumed=state.global_step > 0, checkpoint_dir=args.output_dir)
+        fields.update(cli_recipe(find_parser(), args, sys.argv))
         if args.world_size > 1:  # else torchrun's variables: processes the Trainer did not join still get a rank
             fields.update(world_size=args.world_size, rank=args.process_index)
         fields.update(self.overrides)

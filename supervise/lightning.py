@@ -10,10 +10,19 @@ the raw loss (``training_step``'s, before the division by ``accumulate_grad_batc
 pre-clip gradient norm (read in ``on_before_optimizer_step``); the first non-finite one writes
 FATAL and raises ``FloatingPointError``. Validation metrics become eval records (``val_loss``
 and ``val/loss`` -> ``eval_loss``); the sentinel is written when ``fit`` completes.
+
+Resume without a flag in the script: launched with ``SUPERVISE_CKPT_PATH=<a .ckpt file>`` in its
+environment, the callback makes ``fit`` continue from that checkpoint, as ``fit(ckpt_path=...)``
+does (model, optimizer, loops and callbacks restored; a ``ckpt_path`` the script passes itself
+wins). The start record says so (``resume_env``), with the ``ModelCheckpoint`` folders as
+``checkpoint_dir``; a trainer without a ``ModelCheckpoint`` has nothing to resume from, and no
+recipe. Give ``ModelCheckpoint`` a fixed ``dirpath`` (e.g. RUN_DIR/checkpoints): the default
+folder is a new ``version_N`` per launch.
 """
 from __future__ import annotations
 
 import math
+import os
 
 try:
     import lightning.pytorch as pl
@@ -23,6 +32,7 @@ except ImportError:  # the older package name
 from supervise.telemetry import Telemetry, check_overrides
 
 
+RESUME_ENV = "SUPERVISE_CKPT_PATH"  # the checkpoint fit() continues from
 VAL_PREFIXES = ("validation_", "validation/", "valid_", "valid/", "val_", "val/", "eval_", "eval/")
 
 
@@ -36,7 +46,8 @@ def eval_name(key: str) -> str | None:
 
 class TelemetryCallback(pl.Callback):
     """Keyword arguments override what is read from the trainer (task, num_labels, vocab_size,
-    total_steps, batch_size, world_size, rank, attempt, resume). task defaults to "other"."""
+    total_steps, batch_size, world_size, rank, attempt, resume, resumed, resume_env,
+    checkpoint_dir, flags). task defaults to "other"."""
 
     def __init__(self, run_dir, *, every: int = 10, **overrides):
         self.run_dir, self.every, self.overrides = str(run_dir), max(int(every), 1), check_overrides(overrides)
@@ -46,16 +57,40 @@ class TelemetryCallback(pl.Callback):
         self._logged = -1
         self._final: dict = {}
 
+    # -- resume from $SUPERVISE_CKPT_PATH: loaded where fit() loads its own ckpt_path (it is
+    # restored right after the setup hooks, or after on_fit_start for strategies that restore
+    # after their setup); a ckpt_path the script passes is loaded after this one, and wins
+    def setup(self, trainer, pl_module, stage):
+        if stage == "fit" and not trainer.strategy.restore_checkpoint_after_setup:
+            self._load_resume(trainer)
+
+    def on_fit_start(self, trainer, pl_module):
+        if trainer.strategy.restore_checkpoint_after_setup:
+            self._load_resume(trainer)
+
+    @staticmethod
+    def _load_resume(trainer):
+        path = os.environ.get(RESUME_ENV)
+        if not path:
+            return
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{RESUME_ENV}={path}: no such checkpoint file; pass a .ckpt that exists, "
+                                    f"or unset {RESUME_ENV} to start fresh")
+        trainer._checkpoint_connector.resume_start(path)
+
     def on_train_start(self, trainer, pl_module):
         if self.tm is not None:
             return
         loader = trainer.train_dataloader
         per_batch = getattr(loader, "batch_size", None)
         total = trainer.estimated_stepping_batches
+        dirs = [str(cb.dirpath) for cb in trainer.checkpoint_callbacks if getattr(cb, "dirpath", None)]
         fields = dict(task="other", total_steps=int(total) if math.isfinite(total) else None,
                       batch_size=per_batch * trainer.accumulate_grad_batches if per_batch else None,
                       world_size=trainer.world_size, rank=trainer.global_rank,
-                      resume=trainer.global_step > 0)
+                      resumed=trainer.global_step > 0)
+        if dirs:  # the recipe: the same command with the checkpoint in the environment
+            fields.update(resume=[], resume_env={RESUME_ENV: "{checkpoint}"}, checkpoint_dir=dirs)
         fields.update(self.overrides)
         self.tm = Telemetry(self.run_dir, **fields)
 

@@ -1,10 +1,13 @@
 """Recovery: the one line that relaunches a run from its last checkpoint, the watchdog's line
 beside it, and the rule that stops an agent relaunching a run that makes no progress.
 
-The relaunch line is built from the start record (contract v0.2: ``argv`` and ``cwd``) and
+The relaunch line is built from the start record (contract v0.2: ``argv``, ``cwd``, ``python``;
+v0.3: ``resume``, ``resume_env``, ``checkpoint_dir``, ``flags``, ``launcher``, ``slurm``) and
 passes the launch guard as is: one physical line, ``python -u``, the quiet variables, output
-appended to ``RUN_DIR/train.log``. The kind of anomaly decides the change (see
-references/recovery.md):
+appended to ``RUN_DIR/train.log``. It keeps the script's own grammar: a flag it changes keeps
+its spelling and its form (``--lr=0.001`` stays one word, ``--lr 0.001`` two), a learning rate
+stays a float literal, a batch an integer, and a flag the script was not seen to take is never
+added. The kind of anomaly decides the change (see references/recovery.md):
 
 - ``oom``: halve the per-device batch, double gradient accumulation (same effective batch);
 - ``nan``, ``diverged``, ``grad_explode``, ``loss_spike`` (and a ``fatal`` whose reason is a
@@ -14,70 +17,87 @@ references/recovery.md):
 - every other kind (labels, data, a plan that does not fit the window): no line, since
   relaunching does not fix it.
 
-Flag values the command does not spell out are read from ``RUN_DIR/hparams.json`` (the
-templates write their resolved configuration there). Standard library only: check-in imports
-this on the hot path.
+Resumed means the start record's recipe (``resume``: argv words, ``{checkpoint}`` standing for
+the checkpoint; ``resume_env``: variables), filled with the checkpoint given or the newest one
+under ``checkpoint_dir``. No recipe, or no checkpoint yet: the line starts over, and its note
+says so; a flag is never guessed. Values the command does not spell out come from the start
+record's ``flags``, else ``RUN_DIR/hparams.json`` (the templates write it). The launcher is the
+one the run was started with (``python -m torch.distributed.run`` and its arguments); a Slurm
+job gets an ``sbatch`` resubmission. Standard library only: check-in imports this on the hot path.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import sys
 from pathlib import Path
 from typing import Iterable, Optional
 
-from .guard import QUIET
+from .guard import PYTHON, QUIET
 from .rules import Anomaly, anomaly
 
 ENV = {"PYTHONUNBUFFERED": "1", **QUIET}
 BUNDLE = Path(__file__).resolve().parents[1]
 HPARAMS = "hparams.json"
 NO_PROGRESS_AFTER = 3     # relaunches without the checkpoint's step moving
+CHECKPOINT = "{checkpoint}"
 
-HALVE_BATCH = {"oom"}
-HALVE_LR = {"nan", "diverged", "grad_explode", "loss_spike"}
-SAME = {None, "disk", "dead", "stall", "crash", "fatal", "preempted", "node_fail", "rank_hang", "straggler", "gpu_idle"}
 
-# Flag spellings, the templates' first: (--batch-size, --batch, and the Trainer's names).
-BATCH_FLAGS = ("--batch-size", "--batch", "--per-device-train-batch-size", "--per_device_train_batch_size")
-ACCUM_FLAGS = ("--grad-accum", "--gradient-accumulation-steps", "--gradient_accumulation_steps")
+# Flag spellings per knob, the templates' first (a value from hparams.json takes that one):
+# the templates', the Trainer's (both spellings) and nanoGPT's.
+BATCH_FLAGS = ("--batch-size", "--batch", "--batch_size", "--per-device-train-batch-size",
+               "--per_device_train_batch_size")
+ACCUM_FLAGS = ("--grad-accum", "--grad_accum", "--gradient-accumulation-steps", "--gradient_accumulation_steps")
 LR_FLAGS = ("--lr", "--learning-rate", "--learning_rate")
-RESUME_FLAGS = ("--resume", "--resume-from-checkpoint", "--resume_from_checkpoint")
+HPARAM_KEYS = {BATCH_FLAGS: "batch_size", ACCUM_FLAGS: "grad_accum", LR_FLAGS: "lr"}
 
 
-def _find(argv: list[str], names: tuple) -> Optional[tuple[int, str, str]]:
-    """(index, flag as spelled, value) of the last occurrence of any of ``names``."""
+def _find(argv: list[str], names: tuple) -> Optional[tuple[int, str, str, bool]]:
+    """(index, flag as spelled, value, one word?) of the last occurrence of any of ``names``."""
     hit = None
     for i, word in enumerate(argv):
         flag, eq, value = word.partition("=")
         if flag in names:
             if eq:
-                hit = (i, flag, value)
+                hit = (i, flag, value, True)
             elif i + 1 < len(argv):
-                hit = (i, flag, argv[i + 1])
+                hit = (i, flag, argv[i + 1], False)
     return hit
 
 
-def _set(argv: list[str], names: tuple, value: str) -> list[str]:
-    """argv without any of ``names`` (both ``--f v`` and ``--f=v``), then ``--f value`` with the
-    spelling the command used (else the first name)."""
-    found = _find(argv, names)
-    spelled = found[1] if found else names[0]
+def _drop(argv: list[str], names, with_value: bool = True) -> list[str]:
+    """argv without any of ``names``: ``--f=v``, and ``--f v`` (``--f`` alone when not ``with_value``)."""
     out, skip = [], False
     for word in argv:
         if skip:
             skip = False
-            continue
+            if not word.startswith("--"):
+                continue
         flag, eq, _ = word.partition("=")
         if flag in names:
-            skip = not eq
+            skip = with_value and not eq
             continue
         out.append(word)
-    return out + [spelled, value]
+    return out
+
+
+def _set(argv: list[str], names: tuple, value: str, spelled: Optional[str] = None) -> list[str]:
+    """argv with the flag set to ``value``: where the command has it, in place and in its own
+    form (``--f=v`` or ``--f v``; earlier repeats dropped); else appended as ``--f=value`` in
+    the spelling ``spelled`` (argparse and nanoGPT-style configurators both read that form)."""
+    found = _find(argv, names)
+    if found is None:
+        return argv + [f"{spelled or names[0]}={value}"]
+    i, flag, _, one_word = found
+    new = [f"{flag}={value}"] if one_word else [flag, value]
+    return _drop(argv[:i], names) + new + argv[i + (1 if one_word else 2):]
 
 
 def _number(text) -> Optional[float]:
+    if isinstance(text, bool):
+        return None
     try:
         x = float(text)
     except (TypeError, ValueError):
@@ -93,86 +113,240 @@ def _hparams(run_dir: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def _value(argv: list[str], names: tuple, hparams: dict, key: str) -> Optional[float]:
+def _knob(argv: list[str], names: tuple, start: dict, hparams: dict) -> tuple[Optional[float], Optional[str]]:
+    """(value, flag spelling) of a knob: from the command, else from the start record's
+    ``flags`` (the flags the script's parser takes, with their values), else from hparams.json
+    (the templates' flags); (None, None) when the script was not seen to take such a flag."""
     found = _find(argv, names)
-    return _number(found[2]) if found else _number(hparams.get(key))
+    if found:
+        return _number(found[2]), found[1]
+    flags = start.get("flags") if isinstance(start.get("flags"), dict) else {}
+    for flag, value in flags.items():
+        if flag in names and _number(value) is not None:
+            return _number(value), flag
+    value = _number(hparams.get(HPARAM_KEYS[names]))
+    return (value, names[0]) if value is not None else (None, None)
 
 
-def _fmt(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() and abs(x) >= 1 else f"{x:.6g}"
+def _int(x: float) -> str:
+    return str(int(x))
+
+
+def _float(x: float) -> str:
+    """A float literal, always (``0.0005``, ``2.5e-05``, ``500.0``): a configurator that checks
+    the literal's type (nanoGPT's) must read a float where the script has one."""
+    return repr(float(x))
 
 
 def change_for(kind: Optional[str], message: str = "") -> Optional[str]:
-    """'batch', 'lr', 'same', or None (no relaunch) for an anomaly kind."""
-    if kind == "fatal" and "non-finite" in message:
-        return "lr"
-    if kind in HALVE_BATCH:
-        return "batch"
-    if kind in HALVE_LR:
-        return "lr"
-    if kind in SAME:
-        return "same"
-    return None
+    """'batch', 'lr', 'same', or None (no relaunch) for an anomaly kind: the rule table's."""
+    from .judge import change_for as table  # judge imports this module: the table is looked up late
+    return table(kind, message)
 
 
-def relaunch_argv(start: dict, kind: Optional[str], run_dir, message: str = "") -> Optional[list[str]]:
-    """The training command's argv (the script and its flags) for the relaunch, or None."""
+def changed_argv(start: dict, kind: Optional[str], run_dir, message: str = "") -> tuple[Optional[list[str]], str]:
+    """(the script's argv with the change ``kind`` calls for, or None; a note: why there is no
+    argv, or what the change could not do)."""
     argv = start.get("argv") if isinstance(start, dict) else None
     if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)):
-        return None
+        return None, "the start record has no argv/cwd (an older writer): relaunch it by hand"
     change = change_for(kind, message)
     if change is None:
-        return None
+        return None, f"a relaunch does not fix {kind}"
     argv, hp = list(argv), _hparams(Path(run_dir))
     if change == "batch":
-        batch = _value(argv, BATCH_FLAGS, hp, "batch_size")
-        accum = _value(argv, ACCUM_FLAGS, hp, "grad_accum") or 1
-        if batch is None or batch < 2 or not float(batch).is_integer() or not float(accum).is_integer():
-            return None  # a batch of one cannot be halved: a smaller model or sequence, or another GPU
-        argv = _set(argv, BATCH_FLAGS, _fmt(batch // 2))
-        argv = _set(argv, ACCUM_FLAGS, _fmt(accum * 2))
-    elif change == "lr":
-        lr = _value(argv, LR_FLAGS, hp, "lr")
-        if lr is None or lr <= 0:
-            return None
-        argv = _set(argv, LR_FLAGS, _fmt(lr / 2))
-    if not any(w.partition("=")[0] in RESUME_FLAGS for w in argv):
-        argv.append("--resume")
-    return argv
+        batch, flag = _knob(argv, BATCH_FLAGS, start, hp)
+        if batch is None:
+            return None, ("the batch size is neither on the command line nor in the start record's flags or "
+                          "hparams.json: halve it in the script (and double gradient accumulation)")
+        if batch < 2 or not float(batch).is_integer():
+            return None, (f"the per-device batch is {batch:g}: it cannot be halved; a smaller model or sequence, "
+                          "gradient checkpointing or a bigger GPU")
+        accum, accum_flag = _knob(argv, ACCUM_FLAGS, start, hp)
+        argv = _set(argv, BATCH_FLAGS, _int(batch // 2), flag)
+        if accum is None or not float(accum).is_integer() or accum < 1:
+            return argv, (f"gradient accumulation is not a flag the script was seen to take: {flag} halved "
+                          "alone, so each step sees half the samples")
+        return _set(argv, ACCUM_FLAGS, _int(accum * 2), accum_flag), ""
+    if change == "lr":
+        lr, flag = _knob(argv, LR_FLAGS, start, hp)
+        if lr is None:
+            return None, ("the learning rate is neither on the command line nor in the start record's flags or "
+                          "hparams.json: lower it in the script")
+        if lr <= 0:
+            return None, f"the learning rate is {lr:g}: it cannot be halved"
+        return _set(argv, LR_FLAGS, _float(lr / 2), flag), ""
+    return argv, ""
+
+
+def relaunch_argv(start: dict, kind: Optional[str], run_dir, message: str = "", *,
+                  checkpoint: Optional[str] = None) -> Optional[list[str]]:
+    """The training command's argv (the script and its flags) for the relaunch, resumed by the
+    start record's recipe when there is one, or None."""
+    argv, _ = changed_argv(start, kind, run_dir, message)
+    if argv is None:
+        return None
+    words, _env, _note = resume_words(start, run_dir, checkpoint=checkpoint)
+    return with_resume(argv, words) if words is not None else argv
+
+
+# ----------------------------------------------------------------------------- resuming
+_STEP = re.compile(r"(\d+)(?!.*\d)")
+
+
+def _checkpoint_dirs(start: dict) -> list[str]:
+    d = start.get("checkpoint_dir") if isinstance(start, dict) else None
+    dirs = [d] if isinstance(d, str) else d if isinstance(d, list) else []
+    return [x for x in dirs if isinstance(x, str) and x]
+
+
+def _last_checkpoint(start: dict, first_bad_step: Optional[int] = None) -> Optional[str]:
+    """The checkpoint to resume from under the start record's ``checkpoint_dir``: the newest
+    complete one written before the first non-finite record (``checkpoints.choose_resume``: a
+    torn save or a poisoned one is skipped). None when none is left."""
+    from .checkpoints import choose_resume, find_checkpoints
+    chosen, _skipped = choose_resume(find_checkpoints(_checkpoint_dirs(start)), first_bad_step)
+    return str(chosen.path) if chosen is not None else None
+
+
+def _recipe(start: dict) -> tuple[Optional[list[str]], dict]:
+    """The start record's recipe: (argv words or None, environment)."""
+    words = start.get("resume") if isinstance(start, dict) else None
+    env = start.get("resume_env") if isinstance(start, dict) else None
+    env = {k: v for k, v in env.items() if isinstance(k, str) and isinstance(v, str)} if isinstance(env, dict) else {}
+    if not (isinstance(words, list) and all(isinstance(w, str) for w in words)):
+        words = [] if env else None
+    return words, env
+
+
+def resume_words(start: dict, run_dir, *, checkpoint: Optional[str] = None,
+                 first_bad_step: Optional[int] = None) -> tuple[Optional[list[str]], dict, str]:
+    """(argv words, environment, note) that make the script continue: the start record's recipe
+    with ``{checkpoint}`` filled in (``checkpoint``, else the newest complete one under
+    ``checkpoint_dir`` written before ``first_bad_step``, the first non-finite record's).
+    (None, {}, why) when the relaunch cannot resume: no recipe, or no checkpoint yet."""
+    words, env = _recipe(start)
+    if words is None:
+        return None, {}, ("the script declares no resume recipe (the start record has no 'resume'): this relaunch "
+                          "starts over from step 0; see references/recovery.md to declare one")
+    needs = any(CHECKPOINT in w for w in [*words, *env.values()])
+    dirs = _checkpoint_dirs(start)
+    if checkpoint is None and (needs or dirs):
+        checkpoint = _last_checkpoint(start, first_bad_step)
+        if checkpoint is None:
+            where = " or ".join(dirs) if dirs else "(the start record names no checkpoint_dir)"
+            before = f" before the first non-finite record (step {first_bad_step})" if first_bad_step is not None else ""
+            return None, {}, (f"no complete checkpoint under {where}{before}: this relaunch starts over "
+                              "from step 0")
+    fill = (lambda w: w.replace(CHECKPOINT, checkpoint)) if checkpoint else (lambda w: w)
+    note = f"resumes from {checkpoint}" if checkpoint and needs else ""
+    return [fill(w) for w in words], {k: fill(v) for k, v in env.items()}, note
+
+
+def with_resume(argv: list[str], words: list[str]) -> list[str]:
+    """argv with the recipe's words appended, and any earlier occurrence of its flags removed
+    (a relaunch of a relaunch holds them once, with the new checkpoint)."""
+    out = list(argv)
+    for i, w in enumerate(words):
+        if w.startswith("-"):
+            flag, eq, _ = w.partition("=")
+            out = _drop(out, (flag,), with_value=bool(eq) or (i + 1 < len(words) and not words[i + 1].startswith("-")))
+    return out + list(words)
+
+
+# ----------------------------------------------------------------------------- the launch
+def _launch(start: dict, argv: list[str], python: Optional[str]) -> tuple[list[str], str]:
+    """(the words before the script's argv, a note): the start record's launcher (torchrun as
+    ``python -m torch.distributed.run`` with its arguments), else ``python -u``."""
+    exe = python or start.get("python") or "python"
+    exe = exe if isinstance(exe, str) and exe else "python"
+    launcher = start.get("launcher")
+    if isinstance(launcher, list) and launcher and all(isinstance(w, str) for w in launcher):
+        head = list(launcher)
+        if PYTHON.match(head[0]):
+            head[0] = python or head[0]
+            if "-u" not in head[1:3]:
+                head.insert(1, "-u")
+        return head + argv, ""
+    world = start.get("world_size")
+    if isinstance(world, int) and not isinstance(world, bool) and world > 1:
+        return ([exe, "-u", "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}", *argv],
+                f"the start record does not say how its {world} processes were launched: this line assumes "
+                "torchrun on one node")
+    return [exe, "-u", *argv], ""
+
+
+def _sbatch(start: dict, run: Path, cwd: str, inner: str) -> tuple[str, str]:
+    """An sbatch resubmission of a Slurm job, with the resources its variables recorded."""
+    job = start.get("slurm") if isinstance(start.get("slurm"), dict) else {}
+    opts = {"job_name": "--job-name", "partition": "--partition", "nodes": "--nodes",
+            "ntasks_per_node": "--ntasks-per-node", "cpus_per_task": "--cpus-per-task", "account": "--account",
+            "qos": "--qos"}
+    args = [f"{flag}={job[k]}" for k, flag in opts.items() if isinstance(job.get(k), str) and job[k]]
+    if isinstance(job.get("gpus_per_node"), str) and job["gpus_per_node"].isdigit() and job["gpus_per_node"] != "0":
+        args.append(f"--gres=gpu:{job['gpus_per_node']}")
+    if isinstance(job.get("mem_per_node"), str) and job["mem_per_node"].isdigit():
+        args.append(f"--mem={job['mem_per_node']}M")
+    args += [f"--chdir={cwd}", f"--output={run / 'train.log'}", "--open-mode=append", f"--wrap={inner}"]
+    q = shlex.quote
+    jid = start.get("slurm_job_id")
+    note = (f"a resubmission of Slurm job {jid} with the resources its variables recorded (check them against "
+            f"your batch script, which may also set up modules or an environment; scontrol requeue {jid} re-runs that "
+            "script unchanged); sbatch prints the new job id: watch it with watchdog.py RUN_DIR --slurm-job ID")
+    return f"mkdir -p {q(str(run))} && sbatch {shlex.join(args)}", note
+
+
+def relaunch_plan(start: dict, kind: Optional[str], run_dir, *, message: str = "", python: Optional[str] = None,
+                  checkpoint: Optional[str] = None, first_bad_step: Optional[int] = None
+                  ) -> tuple[Optional[str], str]:
+    """(the relaunch line or None, a note). The line is one physical line the agent runs as is
+    (it passes supervise.guard): ``cd CWD && mkdir -p RUN && ENV LAUNCHER ARGV RESUME >>
+    RUN/train.log 2>&1`` with the change ``kind`` calls for; a Slurm job's is an ``sbatch``
+    resubmission. The note says why there is no line (relaunching does not fix the kind; the
+    learning rate or batch is not a flag of the script; no argv/cwd), or what the line cannot do
+    (no resume recipe or no checkpoint yet: it starts over); '' when there is nothing to add.
+
+    ``message``: the anomaly's line (a ``fatal`` caused by a non-finite value halves the LR);
+    ``python``: the interpreter [the start record's ``python``, else ``python``]; ``checkpoint``:
+    the checkpoint to resume from [the newest complete one under the start record's
+    ``checkpoint_dir`` written before ``first_bad_step``, the first non-finite record's step]."""
+    argv, note = changed_argv(start, kind, run_dir, message)
+    cwd = start.get("cwd") if isinstance(start, dict) else None
+    if argv is None or not isinstance(cwd, str) or not cwd:
+        return None, note or "the start record has no argv/cwd (an older writer): relaunch it by hand"
+    notes = [note]
+    words, renv, why = resume_words(start, run_dir, checkpoint=checkpoint, first_bad_step=first_bad_step)
+    notes.append(why)
+    if words is not None:
+        argv = with_resume(argv, words)
+    launch, why = _launch(start, argv, python)
+    notes.append(why)
+    run = Path(os.path.abspath(run_dir))
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in {**ENV, **(renv or {})}.items())
+    q = shlex.quote
+    if isinstance(start.get("slurm_job_id"), str) and start["slurm_job_id"]:
+        line, why = _sbatch(start, run, cwd, f"{env} {shlex.join(launch)}")
+        notes.append(why)
+    else:
+        line = (f"cd {q(cwd)} && mkdir -p {q(str(run))} && {env} {shlex.join(launch)} "
+                f">> {q(str(run / 'train.log'))} 2>&1")
+    return line, "; ".join(n for n in notes if n)
 
 
 def relaunch_line(start: dict, kind: Optional[str], run_dir, *, message: str = "",
-                  python: Optional[str] = None) -> Optional[str]:
-    """One physical line that relaunches the run from its last checkpoint, as the agent can run
-    it (it passes supervise.guard): ``cd CWD && mkdir -p RUN && ENV python -u ARGV --resume >>
-    RUN/train.log 2>&1``, with the change ``kind`` calls for. None when the start record lacks
-    argv or cwd, when relaunching does not fix the kind, or when the change cannot be made
-    (a batch of one, an unknown learning rate): then the agent asks the user.
-
-    ``message`` is the anomaly's line (a ``fatal`` caused by a non-finite value halves the LR);
-    ``python`` the interpreter [the start record's ``python``, else ``python``]."""
-    argv = relaunch_argv(start, kind, run_dir, message)
-    cwd = start.get("cwd") if isinstance(start, dict) else None
-    if argv is None or not isinstance(cwd, str) or not cwd:
-        return None
-    run = Path(os.path.abspath(run_dir))
-    world = start.get("world_size")
-    exe = python or start.get("python") or "python"
-    if isinstance(world, int) and not isinstance(world, bool) and world > 1:
-        launch = ["torchrun", "--standalone", f"--nproc_per_node={world}", *argv]
-    else:
-        launch = [exe, "-u", *argv]
-    env = " ".join(f"{k}={v}" for k, v in ENV.items())
-    q = shlex.quote
-    return (f"cd {q(cwd)} && mkdir -p {q(str(run))} && {env} {shlex.join(launch)} "
-            f">> {q(str(run / 'train.log'))} 2>&1")
+                  python: Optional[str] = None, checkpoint: Optional[str] = None,
+                  first_bad_step: Optional[int] = None) -> Optional[str]:
+    """The line of ``relaunch_plan``, or None (then its note says why, and the agent asks the user)."""
+    return relaunch_plan(start, kind, run_dir, message=message, python=python, checkpoint=checkpoint,
+                         first_bad_step=first_bad_step)[0]
 
 
-def watchdog_line(run_dir, *, python: Optional[str] = None) -> str:
+def watchdog_line(run_dir, *, python: Optional[str] = None, slurm_job: Optional[str] = None) -> str:
     """The watchdog for the relaunched attempt, to run beside the relaunch line (it watches the
-    records after the last start record, so the new attempt's)."""
+    records after the last start record, so the new attempt's); ``slurm_job``: follow that job."""
     exe = python or sys.executable or "python3"
-    return shlex.join([exe, str(BUNDLE / "scripts" / "watchdog.py"), os.path.abspath(run_dir)])
+    extra = ["--slurm-job", str(slurm_job)] if slurm_job else []
+    return shlex.join([exe, str(BUNDLE / "scripts" / "watchdog.py"), os.path.abspath(run_dir), *extra])
 
 
 def began_at(records: Iterable[dict]) -> list[tuple[dict, Optional[int]]]:

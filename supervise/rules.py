@@ -404,31 +404,60 @@ class GradCollapse(_Sustained):
 
 
 class Diverged(RecordRule):
-    """The loss far above where it was, and finite: a learning rate that is too high."""
+    """The loss far above where it should be, and finite: a learning rate that is too high.
+
+    Holds when the median of the last --sustain losses is above --diverge-factor times the
+    chance loss the start record declares (a loss that rose from the start: its best median came
+    from the rising records), or when the last 2 x --sustain losses rose at every record to
+    --diverge-factor times where they began (a task without a chance level), or when all of the
+    last --sustain losses are above --diverge-factor times max(chance, the run's best median).
+    A healthy run's early spikes recover: none of the three holds for them."""
     kind = "diverged"
 
     def __init__(self, th, run):
         super().__init__(th, run)
         self.best: Optional[float] = None   # the run's best (lowest) rolling median loss
 
+    def _declared_chance(self) -> Optional[float]:
+        """The chance loss when the start record (or --num-labels) says what it is: never the
+        default label count guessed for a record without a task (it may be an LM's loss)."""
+        start, run = self.run.start, self.run
+        if (run.task == "lm" and start.get("vocab_size")) or (
+                run.task == "classification" and (start.get("num_labels") or run.num_labels_given)):
+            return run.chance
+        return None
+
+    def _fix(self) -> str:
+        return (f"The loss diverged and stays finite: halve the learning rate{self.run.lr_note()}, or add "
+                "warm-up and clipping, and restart from the last checkpoint before the rise")
+
     def update(self, rec):
-        n = self.th.sustain
+        n, k = self.th.sustain, self.th.diverge_factor
         losses = self.run.recent("loss", n)
-        if len(losses) < n or not all(map(is_finite, losses)):
+        if n < 1 or len(losses) < n or not all(map(is_finite, losses)):
             return None
         med = statistics.median(losses)
-        if self.best is None or med < self.best:
+        improved = self.best is None or med < self.best
+        if improved:
             self.best = med
+        c = self._declared_chance()
+        if c and med > k * c:
+            return anomaly("diverged", f"median loss of the last {n} = {_g(med)} > {_g(k * c)} ({k:g} x chance "
+                           f"{self.run.chance_name()} = {c:.4g})", rec["step"], self._fix())
+        rise = self.run.recent("loss", 2 * n)
+        if (len(rise) == 2 * n and all(map(is_finite, rise)) and rise[0] > 0 and rise[-1] > k * rise[0]
+                and all(b > a for a, b in zip(rise, rise[1:]))):
+            return anomaly("diverged", f"loss rising at each of the last {2 * n} records = {_g(rise[0])} -> "
+                           f"{_g(rise[-1])} > {k:g} x where it began", rec["step"], self._fix())
+        if improved:
             return None
         ref = max(self.run.chance or 0.0, self.best)
-        limit = self.th.diverge_factor * ref
+        limit = k * ref
         if ref <= 0 or min(losses) <= limit:
             return None
         return anomaly("diverged", f"median loss of the last {n} = {_g(med)} > {_g(limit)} "
-                       f"({self.th.diverge_factor:g} x max(chance {_g(self.run.chance or 0.0)}, best median "
-                       f"{_g(self.best)}))", rec["step"],
-                       f"The loss diverged and stays finite: halve the learning rate{self.run.lr_note()}, or add "
-                       "warm-up and clipping, and restart from the last checkpoint before the rise")
+                       f"({k:g} x max(chance {_g(self.run.chance or 0.0)}, best median "
+                       f"{_g(self.best)}))", rec["step"], self._fix())
 
 
 class LossSpike(RecordRule):

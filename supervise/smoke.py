@@ -1,7 +1,12 @@
 """The smoke preflight as a table of checks: run the command (or read an existing run), then
 one PASS/FAIL row per check with the measured value. Exit 0 when all pass, 7 otherwise.
 
-torch and transformers are imported only for the checkpoint reload, and only when present."""
+The rows follow the task the start record declares and the metrics the run reports:
+classification (loss below ln(num_labels); eval AUROC rising and not inverted, else accuracy),
+lm (loss below ln(vocab_size); eval_loss falling), any other task (the loss falls). The resume
+row kills the run after its first checkpoint and relaunches it with the start record's resume
+recipe (the same words a relaunch line uses); a script without one is run to its end, and the
+row says so. torch and transformers are imported only for the checkpoint reload, when present."""
 from __future__ import annotations
 
 import importlib.util
@@ -39,38 +44,65 @@ def _records(run_dir: Path):
 
 
 def check_contract(run_dir: Path) -> Row:
+    """Every line valid; sps measured (null only where no interval was measured yet: an attempt's
+    first record); grad_norm noted when no record carries it (the grad rules cannot fire)."""
     path = run_dir / METRICS
     if not path.exists():
         return Row("contract", False, f"{path} does not exist: the script must write RUN_DIR/metrics.jsonl")
     unreadable = why_unreadable(path)
     if unreadable:
         return Row("contract", False, f"{unreadable}: the script must append JSON lines to a plain file")
-    problems = validate_file(path, require=("grad_norm", "sps"))
+    problems = validate_file(path)
     if problems:
         more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
         return Row("contract", False, problems[0] + more)
     _, steps, evals = _records(run_dir)
     if not steps:
         return Row("contract", False, "no step record: write {step, t, loss, lr, grad_norm, sps} every ~10 steps")
-    return Row("contract", True, f"{len(steps)} step and {len(evals)} eval records valid, grad_norm and sps present")
+    if len(steps) > 1 and not any(r.get("sps") is not None for r in steps[1:]):
+        return Row("contract", False, "sps is null in every step record: give the writer batch_size (samples per "
+                   "optimizer step) so that throughput is measured")
+    grads = sum(r.get("grad_norm") is not None for r in steps)
+    note = "" if grads else "; grad_norm is null in every record, so grad_explode/grad_collapse cannot fire " \
+                            "(HF: logging_steps <= 10 logs it)"
+    return Row("contract", True, f"{len(steps)} step and {len(evals)} eval records valid, sps measured{note}")
 
 
-def check_loss(steps, num_labels: int, margin: float) -> Row:
+def _final_loss(steps) -> Optional[float]:
     losses = [r["loss"] for r in steps[-3:] if is_finite(r.get("loss"))]
-    if not losses:
+    return statistics.median(losses) if losses else None
+
+
+def check_loss(steps, num_labels: int, margin: float, vocab: bool = False) -> Row:
+    med = _final_loss(steps)
+    if med is None:
         return Row("loss < chance", False, "no finite loss in the last step records")
     chance = math.log(max(num_labels, 2))
     limit = chance * (1 - margin)
-    med = statistics.median(losses)
+    what = f"ln({num_labels}){' (vocab)' if vocab else ''} - {margin:.0%}"
     return Row("loss < chance", med < limit, f"final loss {med:.4g} {'<' if med < limit else '>='} {limit:.4g} "
-               f"(ln({num_labels}) - {margin:.0%})" + ("" if med < limit else ": the model learns nothing; "
-                                                      "check the learning rate and the labels"))
+               f"({what})" + ("" if med < limit else ": the model learns nothing; check the learning rate and the "
+                              "labels" if not vocab else ": the model learns nothing; check the learning rate and "
+                              "that the loss sees the shifted labels"))
+
+
+def check_loss_falls(steps, margin: float) -> Row:
+    """For a task without a chance level: the last records' median loss below the first's."""
+    losses = [r["loss"] for r in steps if is_finite(r.get("loss"))]
+    if len(losses) < 2:
+        return Row("loss falls", False, "fewer than two finite losses: log a step record every ~10 steps")
+    k = min(3, len(losses) // 2)
+    first, last = statistics.median(losses[:k]), statistics.median(losses[-k:])
+    ok = last < first * (1 - margin)
+    return Row("loss falls", ok, f"median loss {first:.4g} -> {last:.4g}" + (
+        f" (< {1 - margin:.0%} of the start)" if ok else ": it does not fall; check the learning rate and the data"))
 
 
 def check_auroc(evals, rise: float, inverted: float) -> Row:
     values = [e["eval_auroc"] for e in evals if is_finite(e.get("eval_auroc"))]
     if not values:
-        return Row("auroc rises", False, "no eval record with eval_auroc: evaluate every ~20 steps in the smoke run")
+        return Row("auroc rises", False, "no eval record with eval_auroc or eval_accuracy: evaluate every ~20 steps "
+                   "in the smoke run")
     last, best = values[-1], max(values)
     trail = " -> ".join(f"{v:.3f}" for v in values[-4:])
     if last <= inverted:
@@ -80,6 +112,57 @@ def check_auroc(evals, rise: float, inverted: float) -> Row:
     return Row("auroc rises", True, f"eval_auroc {trail} (best {best:.3f} > {0.5 + rise:g})")
 
 
+ACCURACY = ("eval_accuracy", "eval_acc")
+
+
+def check_accuracy(evals, num_labels: int, rise: float) -> Row:
+    """A classifier that reports accuracy and no AUROC (HF's examples): above chance (1/k) by
+    ``rise`` at its best, and for two labels not far below chance at the end (inverted)."""
+    name = next((n for n in ACCURACY if any(is_finite(e.get(n)) for e in evals)), None)
+    values = [e[name] for e in evals if is_finite(e.get(name))] if name else []
+    chance = 1 / max(num_labels, 2)
+    trail = " -> ".join(f"{v:.3f}" for v in values[-4:])
+    if num_labels == 2 and values[-1] <= chance - 2 * rise:
+        return Row("accuracy rises", False, f"{name} {trail}: {values[-1]:.3f} <= {chance - 2 * rise:g}, the labels "
+                   "are inverted: flip them")
+    if max(values) < chance + rise:
+        return Row("accuracy rises", False, f"{name} {trail}: never above {chance + rise:.3g} (chance 1/{num_labels} "
+                   f"+ {rise:g}), stuck at chance: check the labels and the learning rate")
+    return Row("accuracy rises", True, f"{name} {trail} (best {max(values):.3f} > {chance + rise:.3g}, "
+               f"chance 1/{num_labels})")
+
+
+def check_eval_loss(evals) -> Row:
+    values = [e["eval_loss"] for e in evals if is_finite(e.get("eval_loss"))]
+    if not values:
+        return Row("eval_loss falls", None, "no eval record with eval_loss: evaluate every ~20 steps to check it")
+    trail = " -> ".join(f"{v:.4g}" for v in values[-4:])
+    if len(values) < 2:
+        return Row("eval_loss falls", None, f"eval_loss {trail}: one eval only; evaluate every ~20 steps to see it fall")
+    ok = values[-1] < values[0]
+    return Row("eval_loss falls", ok, f"eval_loss {values[0]:.4g} -> {trail}" + (
+        "" if ok else ": it does not fall; check the learning rate and the eval data"))
+
+
+def task_rows(start: dict, steps, evals, num_labels: Optional[int], margin: float) -> list[Row]:
+    """The learning checks for the task the start record declares (classification without one)."""
+    task = start.get("task") if isinstance(start.get("task"), str) and start.get("task") else "classification"
+    if task == "lm":
+        vocab = start.get("vocab_size")
+        if not (is_finite(vocab) and vocab >= 2):
+            return [Row("loss < chance", False, "an lm without vocab_size in its start record: pass vocab_size to "
+                        "the writer (chance is ln(vocab_size))"), check_eval_loss(evals)]
+        return [check_loss(steps, int(vocab), margin, vocab=True), check_eval_loss(evals)]
+    if task != "classification":
+        return [check_loss_falls(steps, margin)]
+    known = start.get("num_labels")
+    k = num_labels or (int(known) if is_finite(known) and 2 <= known <= 1e9 else 2)
+    has_auroc = any(is_finite(e.get("eval_auroc")) for e in evals)
+    has_acc = any(is_finite(e.get(n)) for e in evals for n in ACCURACY)
+    quality = check_accuracy(evals, k, 0.1) if has_acc and not has_auroc else check_auroc(evals, 0.1, 0.3)
+    return [check_loss(steps, k, margin), quality]
+
+
 def _mtime(p: Path) -> float:
     try:
         return p.stat().st_mtime
@@ -87,55 +170,96 @@ def _mtime(p: Path) -> float:
         return 0.0
 
 
-def _checkpoints(run_dir: Path) -> list[Path]:
-    found = []
-    for root, dirs, files in os.walk(run_dir):
-        p = Path(root)
-        if "config.json" in files and any(f.endswith((".safetensors", ".bin")) for f in files):
-            found.append(p)
-            dirs[:] = []
-            continue
-        found += [p / f for f in files if f.endswith((".pt", ".pth"))]
-    return sorted(found, key=_mtime)
+CKPT_FILES = (".pt", ".pth", ".ckpt")
 
 
-def check_checkpoint(run_dir: Path, script: Optional[Path]) -> Row:
-    ckpts = _checkpoints(run_dir)
+def _checkpoints(run_dir: Path, start: Optional[dict] = None) -> list[Path]:
+    """Checkpoints under the run directory and the start record's checkpoint_dir, oldest first:
+    a folder with config.json and weights (a Trainer's checkpoint-N once its trainer_state.json,
+    written last, is there), or a .pt/.pth/.ckpt file."""
+    from .recovery import _checkpoint_dirs
+    found, seen = [], set()
+    for top in [run_dir, *map(Path, _checkpoint_dirs(start or {}))]:
+        for root, dirs, files in os.walk(top):
+            p = Path(root)
+            if "config.json" in files and any(f.endswith((".safetensors", ".bin")) for f in files):
+                if not p.name.startswith("checkpoint-") or "trainer_state.json" in files:
+                    found.append(p)
+                dirs[:] = []
+                continue
+            found += [p / f for f in files if f.endswith(CKPT_FILES)]
+    out = []
+    for c in found:
+        if c.resolve() not in seen:
+            seen.add(c.resolve())
+            out.append(c)
+    return sorted(out, key=_mtime)
+
+
+def _shown(ck: Path, run_dir: Path) -> str:
+    try:
+        rel = str(ck.relative_to(run_dir))
+    except ValueError:
+        return str(ck)
+    return f"{run_dir} (the saved model)" if rel == "." else rel
+
+
+def _state_dict(state):
+    """The tensors of a torch checkpoint: the state dict itself, or under model/state_dict."""
+    import torch
+    if isinstance(state, dict):
+        for key in ("model", "state_dict", "model_state_dict"):
+            if isinstance(state.get(key), dict):
+                state = state[key]
+                break
+    return [v for v in state.values() if torch.is_tensor(v)] if isinstance(state, dict) else []
+
+
+def check_checkpoint(run_dir: Path, script: Optional[Path], start: Optional[dict] = None) -> Row:
+    ckpts = _checkpoints(run_dir, start)
     if not ckpts:
         return Row("checkpoint", False, f"no checkpoint under {run_dir}: a late crash would lose the whole run")
     ck = ckpts[-1]
+    shown = _shown(ck, run_dir)
     try:
         import torch
     except ImportError:
         return Row("checkpoint", None, f"{ck.name} saved; reload not checked (torch is not installed)")
     try:
         if ck.is_dir():
-            from transformers import AutoModelForSequenceClassification
-            model = AutoModelForSequenceClassification.from_pretrained(ck).eval()
+            import transformers
+            transformers.utils.logging.disable_progress_bar()
+            config = transformers.AutoConfig.from_pretrained(ck)
+            arch = (getattr(config, "architectures", None) or [None])[0]
+            cls = getattr(transformers, arch, None) if arch else None
+            model = (cls or transformers.AutoModel).from_pretrained(ck).eval()
             with torch.no_grad():
-                out = model(input_ids=torch.ones(1, 8, dtype=torch.long)).logits
+                out = model(input_ids=torch.ones(1, 8, dtype=torch.long))
+            out = out.logits if getattr(out, "logits", None) is not None else out[0]
             ok = bool(torch.isfinite(out).all())
-            return Row("checkpoint", ok, f"{ck.relative_to(run_dir)} reloads (from_pretrained) and a forward pass "
+            return Row("checkpoint", ok, f"{shown} reloads (from_pretrained) and a forward pass "
                        f"gives {tuple(out.shape)} {'finite' if ok else 'NON-FINITE'} logits")
-        state = torch.load(ck, map_location="cpu", weights_only=False)
-        sd = state.get("model", state) if isinstance(state, dict) else state
-        tensors = [v for v in sd.values() if torch.is_tensor(v)] if isinstance(sd, dict) else []
+        tensors = _state_dict(torch.load(ck, map_location="cpu", weights_only=False))
         if not tensors:
             return Row("checkpoint", False, f"{ck.name} holds no state dict of tensors")
         if not all(bool(torch.isfinite(t).all()) for t in tensors if t.is_floating_point()):
             return Row("checkpoint", False, f"{ck.name} holds non-finite weights")
         loader = _script_attr(script, "load_checkpoint")
         if loader is None:
-            return Row("checkpoint", True, f"{ck.relative_to(run_dir)}: {len(tensors)} finite tensors "
+            return Row("checkpoint", True, f"{shown}: {len(tensors)} finite tensors "
                        "(define load_checkpoint(path) in the script for a strict reload)")
         loader(str(ck))  # the script rebuilds its model and calls load_state_dict(strict=True)
-        return Row("checkpoint", True, f"{ck.relative_to(run_dir)} reloads with load_state_dict(strict=True)")
+        return Row("checkpoint", True, f"{shown} reloads with load_state_dict(strict=True)")
     except Exception as e:
         return Row("checkpoint", False, f"{ck.name} does not reload: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
 
 
 def _script_attr(script: Optional[Path], name: str):
+    """``name`` from the script, imported only when its text defines it: a script whose training
+    loop runs at module level (nanoGPT's) would train again on import."""
     if script is None or not script.is_file():
+        return None
+    if f"def {name}(" not in script.read_text(errors="replace"):
         return None
     spec = importlib.util.spec_from_file_location(f"_smoke_{script.stem}", script)
     mod = importlib.util.module_from_spec(spec)
@@ -191,11 +315,11 @@ def script_of(command: list[str]) -> Optional[Path]:
     return next((Path(w) for w in command if w.endswith(".py")), None)
 
 
-def run_command(run_dir: Path, command: list[str], timeout: float) -> Row:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", **QUIET}
+def run_command(run_dir: Path, command: list[str], timeout: float, env: Optional[dict] = None) -> Row:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **QUIET, **(env or {})}
     t0 = time.time()
     log_path = run_dir / LOG
-    print(f"smoke: running {shlex.join(command)} > {log_path} 2>&1", file=sys.stderr, flush=True)
+    print(f"smoke: running {shlex.join(command)} >> {log_path} 2>&1", file=sys.stderr, flush=True)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         if why_unreadable(log_path):  # a FIFO would block the append below
@@ -221,33 +345,48 @@ def run_command(run_dir: Path, command: list[str], timeout: float) -> Row:
     return Row("command", True, f"exit 0 after {took:.0f}s")
 
 
-def _saved(run_dir: Path) -> list[Path]:
+def _saved(run_dir: Path, start: Optional[dict] = None) -> list[Path]:
     """Complete checkpoints only: what a save writes under a temporary (dot) name is not one yet."""
-    return [c for c in _checkpoints(run_dir) if not any(x.startswith(".") for x in c.relative_to(run_dir).parts)]
+    return [c for c in _checkpoints(run_dir, start) if not any(x.startswith(".") for x in c.parts[-3:])]
 
 
 def _saved_step(ck: Path, evals) -> Optional[int]:
-    """The step a checkpoint holds: checkpoint-N / step-N in its name, else its "step" (torch),
-    else the last eval's step (checkpoints follow evals)."""
+    """The step a checkpoint holds: checkpoint-N / step=N in its name, else its step field
+    (step, global_step: Lightning, iter_num: nanoGPT; also under "state"), else the last eval's
+    step (checkpoints follow evals)."""
     import re
     m = re.search(r"(\d+)$", ck.name if ck.is_dir() else ck.stem)
     if m:
         return int(m.group(1))
     try:
         import torch
-        step = torch.load(ck, map_location="cpu", weights_only=False).get("step")
-        if is_finite(step):
-            return int(step)
+        state = torch.load(ck, map_location="cpu", weights_only=False)
+        for d in (state, state.get("state") if isinstance(state.get("state"), dict) else {}):
+            for key in ("step", "global_step", "iter_num"):
+                if is_finite(d.get(key)):
+                    return int(d[key])
     except Exception:
         pass
     return int(evals[-1]["step"]) if evals else None
 
 
+def _this_start(run_dir: Path, before: Optional[str]) -> Optional[dict]:
+    """The start record the launch wrote: the last one, once its run_id differs from ``before``."""
+    try:
+        start = read_run(run_dir / METRICS)[0] if (run_dir / METRICS).exists() else {}
+    except OSError:
+        return None
+    return start if start and start.get("run_id") != before else None
+
+
 def run_resumed(run_dir: Path, command: list[str], timeout: float) -> list[Row]:
-    """The command SIGKILLed once its first checkpoint is saved, then the command with --resume
-    run to the end: rows 'command' (the resumed run) and 'resume' (it continued from the
-    checkpoint's step: its first step record lies within one logging interval after it)."""
+    """The command SIGKILLed once its first checkpoint is saved, then relaunched with the start
+    record's resume recipe (its argv words, its variables) and run to the end: rows 'command'
+    (the resumed run) and 'resume' (it continued from the checkpoint's step: its first step
+    record lies at most one logging interval after it). A script whose start record declares no
+    recipe runs to its end once, and the resume row is a SKIP that says so."""
     import signal
+    from .recovery import _recipe, resume_words, with_resume
     log_path = run_dir / LOG
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -256,9 +395,10 @@ def run_resumed(run_dir: Path, command: list[str], timeout: float) -> list[Row]:
         log = None
     if log is None:
         return [run_command(run_dir, command, timeout)]  # it says what is wrong with the log
+    before = (_this_start(run_dir, None) or {}).get("run_id")
     print(f"smoke: running {shlex.join(command)} >> {log_path} 2>&1 until its first checkpoint", file=sys.stderr,
           flush=True)
-    t0, saved, killed = time.time(), [], False
+    t0, saved, killed, start0 = time.time(), [], False, None
     with log:
         try:
             p = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
@@ -266,15 +406,21 @@ def run_resumed(run_dir: Path, command: list[str], timeout: float) -> list[Row]:
         except OSError:
             return [run_command(run_dir, command, timeout)]  # it says why the command cannot run
         try:
-            while p.poll() is None and time.time() - t0 < timeout and not saved:
+            while p.poll() is None and time.time() - t0 < timeout:
                 time.sleep(0.2)
-                saved = _saved(run_dir)
+                start0 = start0 or _this_start(run_dir, before)
+                if start0 is not None and _recipe(start0)[0] is None:
+                    continue  # nothing to resume with: let it run to its end
+                saved = _saved(run_dir, start0) if start0 is not None else []
+                if saved:
+                    break
         finally:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
                 killed = True
             p.wait()
     took = time.time() - t0
+    start0 = start0 or _this_start(run_dir, before) or {}
     if not killed or not saved:
         if not killed:
             from .logs import log_tail
@@ -283,21 +429,35 @@ def run_resumed(run_dir: Path, command: list[str], timeout: float) -> list[Row]:
             ran = Row("command", p.returncode == 0, f"exit {p.returncode} after {took:.0f}s{err}")
         else:
             ran = Row("command", False, f"still running after {timeout:.0f}s: a smoke run should take minutes")
-        if saved:
+        if start0 and _recipe(start0)[0] is None:
+            return [ran, Row("resume", None, "the start record declares no resume recipe, so a relaunch starts over: "
+                             "declare one (references/recovery.md) to check that the script continues")]
+        if _saved(run_dir, start0):
             return [ran, Row("resume", None, "the run ended before it could be killed after its first checkpoint")]
         return [ran, Row("resume", False, "no checkpoint was saved before the run ended: nothing to resume from")]
-    start0, steps0, evals0 = _records(run_dir)
-    ckpt_step = _saved_step(saved[-1], evals0)
+    _, steps0, evals0 = _records(run_dir)
+    words, env, note = resume_words(start0, run_dir)
+    if words is None:
+        return [Row("command", False, f"killed after {_shown(saved[-1], run_dir)}, then no relaunch: {note}"),
+                Row("resume", False, f"the recipe {start0.get('resume')} found no checkpoint under the start record's "
+                    "checkpoint_dir: point checkpoint_dir at the folder the saves go to")]
+    paths = [x for w in [*words, *env.values()] for x in (w, w.partition("=")[2]) if x and os.path.exists(x)]
+    chosen = Path(paths[0]) if paths else saved[-1]  # the recipe's checkpoint, else the script picks its newest
+    ckpt_step = _saved_step(chosen, evals0)
     gap = steps0[1]["step"] - steps0[0]["step"] if len(steps0) > 1 else (steps0[0]["step"] if steps0 else 0)
-    rows = [run_command(run_dir, [*command, "--resume"], max(1.0, timeout - (time.time() - t0)))]
+    again = with_resume(command, words)
+    rows = [run_command(run_dir, again, max(1.0, timeout - (time.time() - t0)), env)]
     start, steps, _ = _records(run_dir)
-    where = f"killed after the checkpoint at step {ckpt_step}, then relaunched with --resume"
-    if start == start0 or not steps:
-        return rows + [Row("resume", False, f"{where}: no new attempt logged a step (does the script take --resume?)")]
+    how = shlex.join([*(f"{k}={v}" for k, v in env.items()), *words]) or "(the recipe adds nothing)"
+    where = f"killed after the checkpoint at step {ckpt_step}, then relaunched with {how}"
+    if start.get("run_id") == start0.get("run_id") or not steps:
+        return rows + [Row("resume", False, f"{where}: no new attempt logged a step")]
     first = steps[0]["step"]
-    ok = ckpt_step is not None and ckpt_step < first <= ckpt_step + max(gap, 1)
+    # the checkpoint's step or one logging interval after it: a checkpoint may hold the steps done
+    # (the Trainer's checkpoint-N) or the next step to run (nanoGPT's iter_num)
+    ok = ckpt_step is not None and ckpt_step <= first <= ckpt_step + max(gap, 1)
     return rows + [Row("resume", ok, f"{where}: the new attempt's first step record is step {first}" +
-                       ("" if ok else f", not within {gap} steps after {ckpt_step}: the script does not continue "
+                       ("" if ok else f", not within {gap} steps from {ckpt_step}: the script does not continue "
                         "from its last checkpoint"))]
 
 
@@ -318,11 +478,9 @@ def smoke(run_dir: Path, command: list[str], script: Optional[Path], num_labels:
     script = script or (script_of(command) if command else None)
     rows.append(check_contract(run_dir))
     start, steps, evals = _records(run_dir) if (run_dir / METRICS).exists() else ({}, [], [])
-    known = start.get("num_labels")
-    k = num_labels or (int(known) if is_finite(known) and 2 <= known <= 1e9 else 2)
-    rows += [check_loss(steps, k, margin), check_auroc(evals, 0.1, 0.3), check_checkpoint(run_dir, script),
-             check_sentinel(run_dir), check_verdict(run_dir), check_v5(script),
-             check_projection(steps, samples, epochs, window)]
+    rows += task_rows(start, steps, evals, num_labels, margin)
+    rows += [check_checkpoint(run_dir, script, start), check_sentinel(run_dir), check_verdict(run_dir),
+             check_v5(script), check_projection(steps, samples, epochs, window)]
     return rows
 
 
@@ -337,8 +495,8 @@ def main(argv=None) -> int:
                epilog="example: python scripts/smoke.py runs/smoke -- python -u train.py --out runs/smoke --smoke")
     p.add_argument("run_dir", metavar="RUN_DIR", type=run_dir_arg, help="the run directory the command writes (its --out)")
     p.add_argument("--script", type=Path, help="the training script to read [the .py in COMMAND]")
-    p.add_argument("--num-labels", type=positive_int, help="classes [the start record's, else 2]")
-    p.add_argument("--margin", type=fraction, default=0.05, help="loss must end this fraction below ln(num_labels) (default: 0.05)")
+    p.add_argument("--num-labels", type=positive_int, help="classes of a classifier [the start record's, else 2]")
+    p.add_argument("--margin", type=fraction, default=0.05, help="loss must end this fraction below chance, ln(num_labels) or ln(vocab_size) (default: 0.05)")
     p.add_argument("--full-samples", type=positive_int, metavar="N", help="training samples of the full run")
     p.add_argument("--epochs", type=positive_float, default=1.0, metavar="E", help="epochs of the full run (default: 1)")
     p.add_argument("--window", type=duration, metavar="W", help="the GPU window, e.g. 8h")

@@ -339,14 +339,22 @@ class Telemetry:
     task: "classification" | "lm" | "regression" | ... ; chance loss is ln(num_labels) for
     classification and ln(vocab_size) for lm. batch_size: samples per optimizer step on one rank
     (per-device batch x gradient accumulation); when given, sps (all ranks) is measured.
-    rank / world_size default to torchrun's RANK / WORLD_SIZE variables. attempt: 1, or with
-    resume=True one more than the start records already in metrics.jsonl (never truncated).
+    rank / world_size default to torchrun's RANK / WORLD_SIZE variables.
+
+    How this script continues (the start record's ``resume``, which the relaunch line uses):
+    resume=["--init_from=resume"] (argv words; "{checkpoint}" stands for the checkpoint path, as
+    in ["--resume_from_checkpoint", "{checkpoint}"]); resume_env={"VAR": "{checkpoint}"} for a
+    recipe given through the environment; checkpoint_dir: where the checkpoints go (a folder or
+    a list). resumed: this launch continues an earlier attempt [True when resume=True, or when
+    the recipe's words are on this command line / its variables are set]; attempt: 1, or when
+    resumed one more than the start records already in metrics.jsonl (never truncated).
+    flags: {"--learning_rate": 3e-4, ...}, flags the script takes and their values now.
     Values may be anything float() accepts (tensors, numpy scalars).
     """
 
     def __init__(self, run_dir, *, task="classification", num_labels=None, vocab_size=None,
                  total_steps=None, batch_size=None, world_size=None, rank=None, attempt=None,
-                 resume=False):
+                 resume=False, resumed=None, resume_env=None, checkpoint_dir=None, flags=None):
         env = os.environ
         self.run_dir = str(run_dir)
         self.rank = int(rank if rank is not None else env.get("RANK", env.get("LOCAL_RANK", 0)))
@@ -363,8 +371,13 @@ class Telemetry:
         os.makedirs(os.path.join(self.run_dir, "ranks"), exist_ok=True)
         self._rank_fd = self._open(os.path.join(self.run_dir, "ranks", f"rank-{self.rank}.jsonl"))
         self._fd = None
+        resume = resume.split() if isinstance(resume, str) else resume
+        recipe = [str(w) for w in resume] if isinstance(resume, (list, tuple)) else None
+        resume_env = {str(k): str(v) for k, v in resume_env.items()} if resume_env else None
+        if resumed is None:
+            resumed = resume is True or self._recipe_used(recipe, resume_env)
         if attempt is None:
-            attempt = 1 + self._count_starts() if resume and self.rank == 0 else 1
+            attempt = 1 + self._count_starts() if resumed and self.rank == 0 else 1
         self.attempt = int(attempt)
         if self.rank != 0:
             return
@@ -376,8 +389,11 @@ class Telemetry:
                      "chance_loss": round(math.log(chance), 6) if chance and chance > 1 else None,
                      "total_steps": total_steps, "batch_size": batch_size,
                      "world_size": self.world_size, "rank": self.rank, "argv": list(sys.argv),
-                     "cwd": os.getcwd(), "python": sys.executable, "host": socket.gethostname(),
-                     "time": self.t0})
+                     "cwd": os.getcwd(), "python": sys.executable, "launcher": self._launcher(),
+                     "resume": recipe, "resume_env": resume_env, "checkpoint_dir": self._dirs(checkpoint_dir),
+                     "flags": {str(k): self._num(v) for k, v in flags.items()} if flags else None,
+                     "slurm_job_id": env.get("SLURM_JOB_ID"), "slurm": self._slurm(),
+                     "host": socket.gethostname(), "time": self.t0})
 
     # -- the calls a training loop makes
     def step(self, step, loss, *, lr=None, grad_norm=None, sps=None, **extra):
@@ -462,6 +478,69 @@ class Telemetry:
     def _write(self, rec):
         if self._fd is not None:
             self._append(self._fd, rec)
+
+    @staticmethod
+    def _recipe_used(recipe, env_recipe):
+        """True when this command line holds the recipe's words ("{checkpoint}": any path), or
+        the environment sets its variables: this launch is a resume."""
+        if env_recipe:
+            return all(os.environ.get(k) for k in env_recipe)
+        if not recipe:
+            return False
+        args = sys.argv[1:]
+        for word in recipe:
+            head = word.split("{checkpoint}")[0]
+            if "{checkpoint}" in word:
+                if head and not any(a.startswith(head) for a in args):
+                    return False
+            elif word not in args:
+                return False
+        return True
+
+    @staticmethod
+    def _dirs(checkpoint_dir):
+        if not checkpoint_dir:
+            return None
+        if isinstance(checkpoint_dir, (list, tuple)):
+            return [os.path.abspath(str(d)) for d in checkpoint_dir] or None
+        return os.path.abspath(str(checkpoint_dir))
+
+    @staticmethod
+    def _launcher():
+        """The words that launched this script under torchrun, to launch it again the same way:
+        the parent's command line up to the script (torchrun -> python -m torch.distributed.run),
+        else rebuilt from torchrun's variables; None when no launcher ran it."""
+        env, argv = os.environ, list(sys.argv)
+        if not env.get("TORCHELASTIC_RUN_ID"):
+            return None
+        try:
+            with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+                parent = [w.decode("utf-8", "replace") for w in f.read().split(b"\0")[:-1]]
+        except OSError:
+            parent = []
+        head = parent[:-len(argv)] if argv and len(parent) > len(argv) and parent[-len(argv):] == argv else None
+        if head:
+            at = next((i for i, w in enumerate(head[:2]) if os.path.basename(w) == "torchrun"), None)
+            return head if at is None else [sys.executable, "-m", "torch.distributed.run", *head[at + 1:]]
+        local = int(env.get("LOCAL_WORLD_SIZE") or 1)
+        nodes = int(env.get("GROUP_WORLD_SIZE") or max(1, int(env.get("WORLD_SIZE") or local) // max(local, 1)))
+        head = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}", f"--nproc_per_node={local}"]
+        if nodes == 1:
+            return head + ["--standalone"]
+        return head + [f"--rdzv_id={env['TORCHELASTIC_RUN_ID']}", "--rdzv_backend=c10d",
+                       f"--rdzv_endpoint={env.get('MASTER_ADDR', 'localhost')}:{env.get('MASTER_PORT', '29500')}"]
+
+    @staticmethod
+    def _slurm():
+        """The Slurm job's resources, from its variables (to resubmit it alike); None outside a job."""
+        env = os.environ
+        if not env.get("SLURM_JOB_ID"):
+            return None
+        names = {"job_name": "SLURM_JOB_NAME", "partition": "SLURM_JOB_PARTITION", "nodes": "SLURM_JOB_NUM_NODES",
+                 "ntasks_per_node": "SLURM_NTASKS_PER_NODE", "cpus_per_task": "SLURM_CPUS_PER_TASK",
+                 "gpus_per_node": "SLURM_GPUS_ON_NODE", "mem_per_node": "SLURM_MEM_PER_NODE",
+                 "account": "SLURM_JOB_ACCOUNT", "qos": "SLURM_JOB_QOS", "submit_dir": "SLURM_SUBMIT_DIR"}
+        return {k: env[v] for k, v in names.items() if env.get(v)}
 
     def _count_starts(self):
         n = 0
@@ -567,7 +646,9 @@ def main():
             pass
 
     with Telemetry(a.out, task="classification", num_labels=a.num_labels, total_steps=total,
-                   batch_size=a.batch_size * a.grad_accum, world_size=world, rank=rank, resume=a.resume) as tel:
+                   batch_size=a.batch_size * a.grad_accum, world_size=world, rank=rank,
+                   resume=["--resume"], resumed=a.resume, checkpoint_dir=ckpt_dir,  # how a relaunch continues
+                   flags={"--lr": a.lr, "--batch-size": a.batch_size, "--grad-accum": a.grad_accum}) as tel:
         step = state["step"]
         t_last, step_last, losses = time.time(), step, []
         while step < total:

@@ -67,3 +67,14 @@ def test_bad_usage(args, needle, tmp_path):
     rc, out, err = run_script("bench.py", *[a.format(tmp=tmp_path) for a in args], timeout=600)
     errors = [line for line in err.splitlines() if not line.startswith("bench: ")]  # progress lines aside
     assert rc == 2 and len(errors) == 1 and needle in errors[0], err
+
+
+def test_lm_mode_times_a_causal_lm_built_from_a_config():
+    rc, out, err = run_script("bench.py", "--task", "lm", *TINY, "--samples", "1000", "--window", "1h", "--json",
+                              timeout=600)
+    assert rc == 0, err
+    facts = json.loads(out)
+    assert facts["sps"] > 0 and facts["fits"] is True and facts["checkpoint_bytes"] > 0
+    from supervise.bench import build_model
+    model, vocab = build_model(None, 2, 16, "lm")
+    assert type(model).__name__ == "LlamaForCausalLM" and vocab == 1000

@@ -2,6 +2,7 @@
 no_progress. The lines are checked by the real launch guard and by a real shell (tests/test_resume.py
 runs them on real templates)."""
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -10,7 +11,7 @@ import pytest
 
 from conftest import ROOT
 from supervise import guard, recovery
-from supervise.recovery import no_progress, relaunch_line, watchdog_line
+from supervise.recovery import no_progress, relaunch_line, relaunch_plan, watchdog_line
 from supervise.rules import KINDS
 
 START = {"event": "start", "t": 0, "pid": 1, "run_id": "a" * 32, "attempt": 1, "world_size": 1,
@@ -24,27 +25,33 @@ def start(argv, **kw):
 def words(line):
     """The launch's words between the environment and the redirection."""
     w = shlex.split(line)
-    i = w.index("-u") - 1 if "-u" in w else w.index("torchrun")
+    i = w.index("-u") - 1
     return w[i:w.index(">>")]
 
 
+TEMPLATE = {"resume": ["--resume"]}  # what the templates declare (+ checkpoint_dir, flags)
+
+
 @pytest.mark.parametrize("kind,argv,hparams,expected", [
-    # the same command, resumed
+    # the same command, resumed by the templates' recipe
     ("dead", ["train_torch.py", "--out", "runs/a"], {}, ["python", "-u", "train_torch.py", "--out", "runs/a", "--resume"]),
     ("stall", ["t.py", "--lr=3e-4"], {}, ["python", "-u", "t.py", "--lr=3e-4", "--resume"]),
     ("crash", ["t.py"], {}, ["python", "-u", "t.py", "--resume"]),
     (None, ["t.py", "--resume"], {}, ["python", "-u", "t.py", "--resume"]),  # already resuming: once
     ("preempted", ["t.py"], {}, ["python", "-u", "t.py", "--resume"]),
-    # oom: half the batch, twice the accumulation, from the flags or from hparams.json
-    ("oom", ["t.py", "--batch-size", "32"], {}, ["python", "-u", "t.py", "--batch-size", "16", "--grad-accum", "2", "--resume"]),
-    ("oom", ["t.py", "--batch=8", "--grad-accum", "4"], {}, ["python", "-u", "t.py", "--batch", "4", "--grad-accum", "8", "--resume"]),
-    ("oom", ["t.py", "--out", "r"], {"batch_size": 32, "grad_accum": 1}, ["python", "-u", "t.py", "--out", "r", "--batch-size", "16", "--grad-accum", "2", "--resume"]),
+    # oom: half the batch, twice the accumulation, in the command's own form, or from hparams.json
+    # (no accumulation flag seen: the batch is halved alone, and the note says so)
+    ("oom", ["t.py", "--batch-size", "32"], {}, ["python", "-u", "t.py", "--batch-size", "16", "--resume"]),
+    ("oom", ["t.py", "--batch=8", "--grad-accum", "4"], {}, ["python", "-u", "t.py", "--batch=4", "--grad-accum", "8", "--resume"]),
+    ("oom", ["t.py", "--out", "r"], {"batch_size": 32, "grad_accum": 1}, ["python", "-u", "t.py", "--out", "r", "--batch-size=16", "--grad-accum=2", "--resume"]),
     ("oom", ["t.py", "--per_device_train_batch_size", "8", "--gradient_accumulation_steps", "2"], {},
      ["python", "-u", "t.py", "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "4", "--resume"]),
-    # nan and its relatives: half the learning rate
+    # nan and its relatives: half the learning rate, a float literal in the command's own form
     ("nan", ["t.py", "--lr", "0.01"], {}, ["python", "-u", "t.py", "--lr", "0.005", "--resume"]),
-    ("diverged", ["t.py", "--learning_rate=2e-5"], {}, ["python", "-u", "t.py", "--learning_rate", "1e-05", "--resume"]),
-    ("grad_explode", ["t.py"], {"lr": 0.002}, ["python", "-u", "t.py", "--lr", "0.001", "--resume"]),
+    ("diverged", ["t.py", "--learning_rate=2e-5"], {}, ["python", "-u", "t.py", "--learning_rate=1e-05", "--resume"]),
+    ("diverged", ["t.py", "--learning_rate=1000"], {}, ["python", "-u", "t.py", "--learning_rate=500.0", "--resume"]),
+    ("nan", ["t.py", "--learning_rate=5e-4"], {}, ["python", "-u", "t.py", "--learning_rate=0.00025", "--resume"]),
+    ("grad_explode", ["t.py"], {"lr": 0.002}, ["python", "-u", "t.py", "--lr=0.001", "--resume"]),
     ("loss_spike", ["t.py", "--lr", "1e-3", "--lr", "4e-3"], {}, ["python", "-u", "t.py", "--lr", "0.002", "--resume"]),
 ])
 def test_the_change_each_kind_calls_for(kind, argv, hparams, expected, tmp_path):
@@ -52,24 +59,26 @@ def test_the_change_each_kind_calls_for(kind, argv, hparams, expected, tmp_path)
     run.mkdir()
     if hparams:
         (run / "hparams.json").write_text(json.dumps(hparams))
-    line = relaunch_line(start(argv), kind, run)
+    line = relaunch_line(start(argv, **TEMPLATE), kind, run)
     assert words(line) == expected
 
 
 @pytest.mark.parametrize("kind,argv,hparams,why", [
-    ("inverted_labels", ["t.py"], {}, "the labels need a fix, not a relaunch"),
-    ("stuck_auroc", ["t.py"], {}, "the data needs a look"),
-    ("chance_loss", ["t.py"], {}, "the model learns nothing"),
-    ("timeout", ["t.py"], {}, "the window is over"),
-    ("no_progress", ["t.py"], {}, "relaunching is the loop to stop"),
-    ("oom", ["t.py", "--batch-size", "1"], {}, "a batch of one cannot be halved"),
-    ("oom", ["t.py"], {}, "the batch is not known"),
-    ("nan", ["t.py"], {}, "the learning rate is not known"),
-    ("nan", ["t.py"], {"lr": 0}, "a zero learning rate cannot be halved"),
+    ("inverted_labels", ["t.py"], {}, "a relaunch does not fix inverted_labels"),
+    ("stuck_auroc", ["t.py"], {}, "a relaunch does not fix stuck_auroc"),
+    ("chance_loss", ["t.py"], {}, "a relaunch does not fix chance_loss"),
+    ("timeout", ["t.py"], {}, "a relaunch does not fix timeout"),
+    ("no_progress", ["t.py"], {}, "a relaunch does not fix no_progress"),
+    ("oom", ["t.py", "--batch-size", "1"], {}, "the per-device batch is 1: it cannot be halved"),
+    ("oom", ["t.py"], {}, "the batch size is neither on the command line nor in the start record's flags or hparams.json"),
+    ("nan", ["t.py"], {}, "no relaunch line: the learning rate is neither on the command line nor in the start record's flags or hparams.json: lower it in the script"),
+    ("nan", ["t.py"], {"lr": 0}, "the learning rate is 0: it cannot be halved"),
 ])
 def test_no_line_when_a_relaunch_cannot_fix_it(kind, argv, hparams, why, tmp_path):
     (tmp_path / "hparams.json").write_text(json.dumps(hparams))
-    assert relaunch_line(start(argv), kind, tmp_path) is None, why
+    line, note = relaunch_plan(start(argv, **TEMPLATE), kind, tmp_path)
+    assert line is None and relaunch_line(start(argv, **TEMPLATE), kind, tmp_path) is None
+    assert why.removeprefix("no relaunch line: ") in note
 
 
 @pytest.mark.parametrize("record", [
@@ -78,10 +87,81 @@ def test_no_line_when_a_relaunch_cannot_fix_it(kind, argv, hparams, why, tmp_pat
 ])
 def test_a_start_record_without_argv_and_cwd_gives_no_line(record, tmp_path):
     assert relaunch_line(record, "dead", tmp_path) is None
+    assert "no argv/cwd" in relaunch_plan(record, "dead", tmp_path)[1]
+
+
+def hf_checkpoints(d, *steps, partial=()):
+    """A Trainer's output_dir: complete checkpoint-N folders (trainer_state.json is written last)
+    and partial ones (a kill mid-save)."""
+    for n in (*steps, *partial):
+        (d / f"checkpoint-{n}").mkdir(parents=True)
+        (d / f"checkpoint-{n}" / "model.safetensors").write_bytes(b"x")
+        if n in steps:
+            (d / f"checkpoint-{n}" / "trainer_state.json").write_text("{}")
+            os.utime(d / f"checkpoint-{n}", (1e9 + n, 1e9 + n))
+    return d
+
+
+HF = {"resume": ["--resume_from_checkpoint", "{checkpoint}"],
+      "flags": {"--learning_rate": 5e-05, "--per_device_train_batch_size": 8, "--gradient_accumulation_steps": 1}}
+
+
+@pytest.mark.parametrize("name,record,argv,kind,files,expected,note", [
+    # the Trainer's recipe, its newest complete checkpoint, the script's own underscores
+    ("hf", HF, ["run_classification.py", "--output_dir", "{ck}", "--do_train"], "dead", ("hf", 20, 40),
+     ["run_classification.py", "--output_dir", "{ck}", "--do_train", "--resume_from_checkpoint", "{ck}/checkpoint-40"],
+     "resumes from {ck}/checkpoint-40"),
+    # a relaunch of a relaunch: the old checkpoint flag is replaced, the LR comes from the start record's flags
+    ("hf again", HF, ["r.py", "--output_dir", "{ck}", "--resume_from_checkpoint", "{ck}/checkpoint-20"], "nan",
+     ("hf", 20, 40), ["r.py", "--output_dir", "{ck}", "--learning_rate=2.5e-05", "--resume_from_checkpoint",
+                      "{ck}/checkpoint-40"], ""),
+    # oom on a Trainer script: both knobs from the start record's flags, appended as --flag=value
+    ("hf oom", HF, ["r.py", "--output_dir", "{ck}"], "oom", ("hf", 20),
+     ["r.py", "--output_dir", "{ck}", "--per_device_train_batch_size=4", "--gradient_accumulation_steps=2",
+      "--resume_from_checkpoint", "{ck}/checkpoint-20"], ""),
+    # a save that never finished is no checkpoint: nothing to resume from, the line starts over
+    ("hf partial", HF, ["r.py", "--output_dir", "{ck}"], "dead", ("hf",), ["r.py", "--output_dir", "{ck}"],
+     "no checkpoint under {ck} yet: this relaunch starts over from step 0"),
+    # nanoGPT: --key=value only, a float stays a float, init_from replaced in place of a second one
+    ("nanogpt", {"resume": ["--init_from=resume"]}, ["train.py", "--learning_rate=5", "--init_from=scratch"], "diverged",
+     ("pt",), ["train.py", "--learning_rate=2.5", "--init_from=resume"], ""),
+    # the recipe's own dashes
+    ("dashes", {"resume": ["--resume-from-checkpoint={checkpoint}"]}, ["t.py", "--output-dir={ck}"], "stall", ("hf", 10),
+     ["t.py", "--output-dir={ck}", "--resume-from-checkpoint={ck}/checkpoint-10"], ""),
+    # no recipe: the same command, no guessed flag, and the note says it starts over
+    ("none", {}, ["sft.py", "--out", "r"], "dead", (), ["sft.py", "--out", "r"],
+     "the script declares no resume recipe (the start record has no 'resume'): this relaunch starts over from step 0"),
+])
+def test_the_resume_recipe_of_each_writer(name, record, argv, kind, files, expected, note, tmp_path):
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    if files and files[0] == "hf":
+        hf_checkpoints(ck, *files[1:], partial=(60,))
+    elif files == ("pt",):
+        (ck / "ckpt.pt").write_bytes(b"x")
+    fill = lambda w: w.replace("{ck}", str(ck))  # noqa: E731
+    s = start([fill(w) for w in argv], **({**record, "checkpoint_dir": str(ck)} if record else {}))
+    line, said = relaunch_plan(s, kind, tmp_path)
+    assert words(line) == ["python", "-u", *map(fill, expected)]
+    assert fill(note) in said
+
+
+def test_an_explicit_checkpoint_wins_and_lightnings_recipe_is_a_variable(tmp_path):
+    ck = hf_checkpoints(tmp_path / "ck", 20, 40)
+    s = start(["r.py", "--output_dir", str(ck)], **HF, checkpoint_dir=str(ck))
+    line = relaunch_line(s, "dead", tmp_path, checkpoint=str(ck / "checkpoint-20"))
+    assert words(line)[-2:] == ["--resume_from_checkpoint", str(ck / "checkpoint-20")]
+    (ck / "last.ckpt").write_bytes(b"x")
+    os.utime(ck / "last.ckpt", (2e9, 2e9))
+    s = start(["lit.py", "--out", "r"], resume=[], resume_env={"SUPERVISE_CKPT_PATH": "{checkpoint}"},
+              checkpoint_dir=[str(ck)])
+    line, note = relaunch_plan(s, "dead", tmp_path)
+    assert f"SUPERVISE_CKPT_PATH={ck / 'last.ckpt'} " in line and words(line) == ["python", "-u", "lit.py", "--out", "r"]
+    assert note == f"resumes from {ck / 'last.ckpt'}"
 
 
 def test_a_fatal_from_a_non_finite_value_halves_the_lr(tmp_path):
-    s = start(["t.py", "--lr", "1e-2"])
+    s = start(["t.py", "--lr", "1e-2"], **TEMPLATE)
     msg = "ANOMALY fatal: FATAL = 'non-finite loss nan at step 31' at step 31. Lower the learning rate."
     assert words(relaunch_line(s, "fatal", tmp_path, message=msg))[-3:] == ["--lr", "0.005", "--resume"]
     assert words(relaunch_line(s, "fatal", tmp_path, message="FATAL = 'disk full'"))[-3:] == ["--lr", "1e-2", "--resume"]
@@ -93,9 +173,39 @@ def test_every_kind_has_a_decision():
     assert {k for k in KINDS if recovery.change_for(k) is not None} >= {"oom", "nan", "dead", "stall", "crash"}
 
 
-def test_torchrun_runs_are_relaunched_with_torchrun(tmp_path):
-    line = relaunch_line(start(["/w/train_torch.py", "--out", "r"], world_size=4), "dead", tmp_path)
-    assert words(line) == ["torchrun", "--standalone", "--nproc_per_node=4", "/w/train_torch.py", "--out", "r", "--resume"]
+PY = "/venv/bin/python3"
+
+
+@pytest.mark.parametrize("record,expected,note", [
+    # the launcher the run was started with: its interpreter, -m torch.distributed.run, its arguments
+    ({"launcher": [PY, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=4", "--rdzv_backend=c10d",
+                   "--rdzv_endpoint=node-a:29400", "--rdzv_id=7"], "world_size": 8},
+     [PY, "-u", "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=4", "--rdzv_backend=c10d",
+      "--rdzv_endpoint=node-a:29400", "--rdzv_id=7"], ""),
+    # an older writer's start record: one node assumed, and the note says so; never a bare torchrun
+    ({"world_size": 4}, ["python", "-u", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4"],
+     "does not say how its 4 processes were launched"),
+])
+def test_torchrun_runs_are_relaunched_with_their_launcher(record, expected, note, tmp_path):
+    line, said = relaunch_plan(start(["/w/train_torch.py", "--out", "r"], **TEMPLATE, **record), "dead", tmp_path)
+    assert words(line) == [*expected, "/w/train_torch.py", "--out", "r", "--resume"] and note in said
+    assert "torchrun " not in line
+
+
+def test_a_slurm_job_is_resubmitted_with_its_resources(tmp_path):
+    slurm = {"job_name": "exp1", "partition": "gpu", "nodes": "1", "cpus_per_task": "8", "gpus_per_node": "4",
+             "mem_per_node": "64000"}
+    s = start(["train.py", "--out", str(tmp_path), "--lr=0.01"], **TEMPLATE, slurm_job_id="4242", slurm=slurm)
+    line, note = relaunch_plan(s, "nan", tmp_path)
+    w = shlex.split(line)
+    assert w[:4] == ["mkdir", "-p", str(tmp_path), "&&"] and w[4] == "sbatch"
+    assert {"--job-name=exp1", "--partition=gpu", "--nodes=1", "--cpus-per-task=8", "--gres=gpu:4", "--mem=64000M",
+            f"--output={tmp_path / 'train.log'}", "--open-mode=append", f"--chdir={START['cwd']}"} <= set(w)
+    inner = shlex.split(w[-1].removeprefix("--wrap="))
+    assert {f"{k}={v}" for k, v in recovery.ENV.items()} <= set(inner)
+    assert inner[inner.index("-u") + 1:] == ["train.py", "--out", str(tmp_path), "--lr=0.005", "--resume"]
+    assert "scontrol requeue 4242" in note and "--slurm-job" in note
+    assert guard.decide(guard.Call(tool="Bash", command=line, background=False, cwd=str(tmp_path), env={})) is None
 
 
 def test_the_line_has_the_launch_shape(tmp_path):

@@ -36,6 +36,11 @@ def falling(n, start=10):
     return steps(n, start=start, loss=[0.69 * (0.3 + 0.7 * max(0.0, 1 - i / 20)) for i in range(n)])
 
 
+LM65 = {"task": "lm", "vocab_size": 65}  # character-level Shakespeare: chance = ln 65 = 4.17
+NANOGPT_LR5 = [4.47, 13.1, 32.6, 58.3, 84.0, 105.2, 126.9, 145.0, 160.3, 174.8, 186.1, 197.0]
+# a healthy character-level LM: from chance down to 1.5, with early spikes (one at 3.5 x) that recover
+HEALTHY_LM = [4.2, 4.0, 9.5, 3.8, 3.6, 14.0, 3.3, 3.1, 6.0, 3.0] + [max(1.5, 2.9 - 0.05 * i) for i in range(30)]
+
 # (name, records, start record, expected kind or None, the step it must fire at)
 SEQUENCES = [
     ("nan at its step", steps(10) + steps(1, start=110, loss=math.nan) + steps(5, start=120), None, "nan", 110),
@@ -57,6 +62,11 @@ SEQUENCES = [
     ("diverged (LR=1000)", falling(20) + steps(6, start=210, loss=2e4), None, "diverged", 250),
     ("diverged 10x best, above chance", steps(20, loss=0.05) + steps(5, start=210, loss=7.5), None, "diverged", 250),
     ("one huge loss is not divergence", falling(20) + steps(1, start=210, loss=2e4) + falling(5, start=220), None, None, None),
+    # nanoGPT at LR 5 (vocab 65): the loss only rises, so its best median came from the rising records
+    ("nanoGPT at LR 5 rises from the start", steps(12, loss=NANOGPT_LR5), LM65, "diverged", 60),
+    ("the same rise without a chance level", steps(12, loss=NANOGPT_LR5), {"task": "other"}, "diverged", 100),
+    ("a healthy LM's early spikes recover", steps(40, loss=HEALTHY_LM), LM65, None, None),
+    ("an undeclared task's LM loss is not 10x ln(2)", steps(30, loss=10.9), None, None, None),
     ("sustained spike", falling(30) + steps(5, start=310, loss=1.5), None, "loss_spike", 350),
     ("single spike", falling(30) + steps(1, start=310, loss=5.0) + steps(10, start=320, loss=0.21), None, None, None),
     ("four-record spike", falling(30) + steps(4, start=310, loss=1.5) + steps(10, start=350, loss=0.21), None, None, None),

@@ -96,11 +96,31 @@ def test_every_skill_command_parses(script, rest):
     assert ns is not None
 
 
-def test_the_launch_line_is_the_launcher_on_one_line():
-    step4 = SKILL[SKILL.index("## 4."):SKILL.index("## 5.")]
-    line = re.search(r"```bash\n(.+?)\n```", step4, re.S).group(1)
-    assert "/scripts/launch.py " in line and " -- python -u " in line  # detached, outliving the session
+def launch_lines():
+    """Every launch line of SKILL.md: the launch step's, and the torchrun one of the telemetry step."""
+    return [ln for block in re.findall(r"```bash\n(.*?)```", SKILL, re.S) for ln in block.strip().splitlines()
+            if "/scripts/launch.py " in ln]
+
+
+@pytest.mark.parametrize("line", launch_lines())
+def test_the_launch_lines_are_the_launcher_on_one_line(line):
+    assert " -- python -u " in line  # detached, outliving the session
     from supervise.guard import Call, decide
     for background in (False, True):
         assert decide(Call("Bash", line, background=background)) is None
     assert decide(Call("Bash", line.replace(" -- ", "\n-- "), background=True)).startswith("[one_line]")
+
+
+def test_the_steps_come_in_order_telemetry_before_bench_and_smoke():
+    heads = re.findall(r"^## (\d)\. (.+)$", SKILL, re.M)
+    assert [int(n) for n, _ in heads] == list(range(1, 8))
+    order = [title.split()[0].lower() for _, title in heads]
+    assert order.index("put") < order.index("bench") < order.index("smoke") < order.index("launch")
+    assert any("-m torch.distributed.run" in x for x in launch_lines())  # never a bare torchrun
+    assert 'pip install -e "${CLAUDE_SKILL_DIR}[trl]"' in SKILL and "supervising-training-runs[" not in SKILL
+
+
+@pytest.mark.parametrize("line", ["exit 2", "NOT STARTED", "watchdog: not running", "STOPPED", "OK done", "FINISHING"])
+def test_every_result_has_a_branch(line):
+    results = SKILL[SKILL.index("## What each result means"):SKILL.index("## Healthy trajectory")]
+    assert line in results

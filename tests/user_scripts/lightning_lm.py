@@ -3,7 +3,9 @@
     python -u lightning_lm.py --out runs/a [--steps 60] [--nan-at 30] [--sleep 0.05]
 
 Lines ending in "# supervise" are the whole integration; "# fault" lines inject the failures
-the tests need. The default sanity check stays on: it runs before on_train_start.
+the tests need. The default sanity check stays on: it runs before on_train_start. A
+ModelCheckpoint saves RUN/checkpoints/last.ckpt every 20 steps; a relaunch with
+SUPERVISE_CKPT_PATH=<that file> in its environment continues from it (the callback's recipe).
 """
 import argparse
 import time
@@ -58,8 +60,9 @@ class NextToken(L.LightningModule):
 
 
 torch.manual_seed(0)
+saves = L.pytorch.callbacks.ModelCheckpoint(dirpath=a.out + "/checkpoints", every_n_train_steps=20, save_last=True)
 trainer = L.Trainer(max_steps=a.steps, val_check_interval=20, gradient_clip_val=1.0, logger=False,
-                    enable_checkpointing=False, enable_progress_bar=False, accelerator="cpu", devices=a.devices,
-                    callbacks=[TelemetryCallback(a.out, task="lm", vocab_size=VOCAB)])  # supervise
+                    enable_progress_bar=False, accelerator="cpu", devices=a.devices,
+                    callbacks=[saves, TelemetryCallback(a.out, task="lm", vocab_size=VOCAB)])  # supervise
 trainer.fit(NextToken(), torch.utils.data.DataLoader(data(2000, 0), batch_size=16, shuffle=True),
             torch.utils.data.DataLoader(data(64, 1), batch_size=32))

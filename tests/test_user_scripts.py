@@ -1,0 +1,262 @@
+"""Users' own training scripts (tests/user_scripts/), each integrated with the documented lines
+only, through every step: smoke passes on the unmodified script; after a SIGKILL mid-run the
+relaunch line from supervise.recovery, run literally through a shell, continues from a
+checkpoint; after a NaN, the line with half the learning rate runs (or, where the learning rate
+is not a flag of the script, there is no line and the note says why).
+
+Each test prints one row of the closing table: script, what happened, the step it resumed at,
+and the command that ran (pytest -s shows them)."""
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from supervise.guard import QUIET, Call, decide
+from supervise.recovery import relaunch_plan
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+USER = ROOT / "tests" / "user_scripts"
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"]}
+WAIT = 400  # seconds: generous, for a machine with every core busy
+HF_ARGS = ["--eval_strategy", "steps", "--eval_steps", "20", "--save_steps", "20", "--logging_steps", "10",
+           "--report_to", "none", "--max_steps", "80"]
+
+
+@dataclass
+class Script:
+    name: str
+    args: list                    # "{run}" is the run directory (relative to the job folder)
+    alive: dict = field(default_factory=lambda: {"env": {"FAULT_SLEEP": "0.1"}})  # keeps it running for a signal
+    nan: dict = field(default_factory=lambda: {"env": {"FAULT_NAN_AT": "25"}})
+    halved: str = ""              # the learning-rate word(s) of the line after nan; "" when there is no line
+    no_line: str = ""             # ... then the note says this
+    resumes: bool = True          # the start record declares a recipe
+    smoke_fails: tuple = ()       # rows a sound smoke still fails (a script that saves no checkpoint)
+
+
+SCRIPTS = [
+    Script("run_classification.py", ["--output_dir", "{run}", "--do_train", "--do_eval",
+                                     "--per_device_train_batch_size", "16", "--learning_rate", "1e-2", *HF_ARGS],
+           halved="--learning_rate 0.005"),
+    Script("trl_sft.py", ["--output_dir={run}", "--learning_rate=3e-3", "--max_length=16", "--bf16=False",
+                          *(f"{k}={v}" for k, v in zip(HF_ARGS[::2], HF_ARGS[1::2]))],
+           halved="--learning_rate=0.0015"),
+    Script("lightning_lm.py", ["--out", "{run}", "--steps", "80"], alive={"args": ["--sleep", "0.1"]},
+           nan={"args": ["--nan-at", "25"]},
+           no_line="the learning rate is neither on the command line nor in the start record's flags or hparams.json"),
+    Script("nanogpt_train.py", ["--out_dir={run}", "--learning_rate=3e-3"], halved="--learning_rate=0.0015"),
+    Script("plain_loop.py", ["--out", "{run}", "--steps", "80"], alive={"args": ["--sleep", "0.1"]},
+           nan={"args": ["--nan-at", "25"]}, resumes=False, smoke_fails=("checkpoint",),
+           no_line="the learning rate is neither on the command line nor in the start record's flags or hparams.json"),
+]
+IDS = [s.name for s in SCRIPTS]
+
+
+def records(run: Path) -> list:
+    try:
+        text = (run / "metrics.jsonl").read_text()
+    except OSError:
+        return []
+    out = []
+    for line in text.splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            pass  # a torn last line while the writer is busy
+    return out
+
+
+def attempts(run: Path) -> list:
+    """[[start, rec, ...], ...]: one list per start record."""
+    out = []
+    for r in records(run):
+        if r.get("event") == "start":
+            out.append([r])
+        elif out:
+            out[-1].append(r)
+    return out
+
+
+def first_step(attempt) -> int:
+    return next(r["step"] for r in attempt if "loss" in r)
+
+
+def command(s: Script, run: str, extra=None) -> list:
+    return [sys.executable, "-u", str(USER / s.name), *(a.replace("{run}", run) for a in s.args),
+            *((extra or {}).get("args", []))]
+
+
+def launch(job: Path, s: Script, extra=None) -> subprocess.Popen:
+    """The documented launch line, through a shell, output appended to run/train.log."""
+    env = " ".join(f"{k}={v}" for k, v in {"PYTHONUNBUFFERED": "1", **QUIET, **(extra or {}).get("env", {})}.items())
+    line = f"cd {shlex.quote(str(job))} && mkdir -p run && {env} {shlex.join(command(s, 'run', extra))} >> run/train.log 2>&1"
+    return subprocess.Popen(["bash", "-c", line], env=ENV, start_new_session=True)
+
+
+def wait_for(run: Path, pred, proc, what: str):
+    end = time.time() + WAIT
+    while time.time() < end:
+        if pred(records(run)):
+            return
+        if proc.poll() is not None and not pred(records(run)):
+            break
+        time.sleep(0.05)
+    log = (run / "train.log").read_text()[-3000:] if (run / "train.log").exists() else ""
+    raise AssertionError(f"{what} never happened (trainer rc {proc.poll()}); train.log:\n{log}")
+
+
+def run_line(line: str) -> int:
+    """The relaunch line as the agent runs it: verbatim, through a shell."""
+    assert "\n" not in line and decide(Call("Bash", line, background=True)) is None, line
+    return subprocess.run(["bash", "-c", line], env=ENV, timeout=WAIT).returncode
+
+
+def table_row(script, what, resumed_at, cmd):
+    print(f"\n| {script} | {what} | {resumed_at} | `{cmd}` |")
+
+
+@pytest.mark.parametrize("s", SCRIPTS, ids=IDS)
+def test_smoke_passes_on_the_integrated_script(s, tmp_path):
+    run = tmp_path / "run"
+    extra = s.alive  # slow enough that the smoke's kill lands after the first checkpoint
+    env = {**ENV, **extra.get("env", {})}
+    cmd = command(s, str(run), extra)
+    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "smoke.py"), str(run), "--", *cmd],
+                       capture_output=True, text=True, env=env, timeout=2 * WAIT)
+    rows = {ln[6:22].strip(): (ln[:4], ln[23:]) for ln in p.stdout.splitlines() if ln[:4] in ("PASS", "FAIL", "SKIP")}
+    failed = {k for k, (mark, _) in rows.items() if mark == "FAIL"}
+    assert failed == set(s.smoke_fails), p.stdout + p.stderr[-2000:]
+    assert p.returncode == (7 if s.smoke_fails else 0), p.stdout
+    mark, said = rows["resume"]
+    if s.resumes:
+        assert mark == "PASS" and "the new attempt's first step record is step" in said, p.stdout
+    else:
+        assert mark == "SKIP" and "declares no resume recipe" in said, p.stdout
+    task_rows = set(rows) & {"loss < chance", "accuracy rises", "auroc rises", "eval_loss falls", "loss falls"}
+    assert task_rows and all(rows[k][0] == "PASS" for k in task_rows), p.stdout
+    table_row(s.name, f"smoke {p.stdout.strip().splitlines()[-1]}", said.rsplit("step ", 1)[-1] if s.resumes else "-",
+              f"smoke.py RUN -- {shlex.join(cmd[1:])}")
+
+
+@pytest.mark.parametrize("s", SCRIPTS, ids=IDS)
+def test_after_a_sigkill_the_relaunch_line_continues_from_a_checkpoint(s, tmp_path):
+    run = tmp_path / "run"
+    first = launch(tmp_path, s, s.alive)
+    try:  # past the second save (step 40): the first step after the relaunch lies beyond the first (20)
+        wait_for(run, lambda rs: any(r.get("step", 0) >= 50 and "loss" in r for r in rs), first, "a step after 40")
+        os.kill(attempts(run)[0][0]["pid"], signal.SIGKILL)
+        first.wait(timeout=60)
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait()
+    start = attempts(run)[-1][0]
+    line, note = relaunch_plan(start, "dead", run)
+    assert run_line(line) == 0, (run / "train.log").read_text()[-3000:]
+    a1, a2 = attempts(run)
+    final = json.loads((run / "final_val_metrics.json").read_text())
+    assert final["run_id"] == a2[0]["run_id"]
+    if s.resumes:
+        resumed = first_step(a2)
+        assert 20 < resumed <= 60 and a2[0]["attempt"] == 2 and a1[0]["run_id"] != a2[0]["run_id"], (resumed, note)
+        assert "--resume" not in line or "--resume_from_checkpoint" in line  # never a guessed bare --resume
+    else:  # no recipe: the same command, no guessed flag, and it says it starts over
+        resumed = first_step(a2)
+        assert resumed == first_step(a1) and a2[0]["attempt"] == 1 and "resume" not in " ".join(a2[0]["argv"])
+        assert "declares no resume recipe" in note and "starts over from step 0" in note
+    table_row(s.name, "SIGKILL mid-run, relaunch line rc 0" + (f" ({note})" if note else ""), resumed,
+              line.split(" && ", 2)[-1].split(" >> ")[0])
+
+
+@pytest.mark.parametrize("s", SCRIPTS, ids=IDS)
+def test_after_a_nan_the_line_with_half_the_learning_rate_runs(s, tmp_path):
+    run = tmp_path / "run"
+    p = launch(tmp_path, s, s.nan)
+    assert p.wait(timeout=WAIT) != 0, (run / "train.log").read_text()[-3000:]
+    (a1,) = attempts(run)
+    fatal = [r for r in a1 if "FATAL" in r]
+    assert fatal and "non-finite" in fatal[0]["FATAL"], a1[-3:]
+    line, note = relaunch_plan(a1[0], "nan", run)
+    if not s.halved:
+        assert line is None and s.no_line in note, note
+        table_row(s.name, f"nan: no relaunch line: {note}", "-", "-")
+        return
+    assert f" {s.halved} " in line, line
+    assert run_line(line) == 0, (run / "train.log").read_text()[-3000:]
+    a2 = attempts(run)[-1]
+    argv, want = a2[0]["argv"], s.halved.split()
+    assert a2[0]["attempt"] == 2 and any(argv[i:i + len(want)] == want for i in range(len(argv))), argv
+    resumed = first_step(a2)
+    assert 20 <= resumed <= 30, (resumed, fatal)  # from the save before the NaN, not from step 0
+    assert json.loads((run / "final_val_metrics.json").read_text())["run_id"] == a2[0]["run_id"]
+    table_row(s.name, f"nan at step {fatal[0]['step']}, half-LR line rc 0", resumed,
+              line.split(" && ", 2)[-1].split(" >> ")[0])
+
+
+def test_sft_script_that_builds_its_arguments_in_code_gets_no_guessed_flag(tmp_path):
+    """sft_tiny_llama.py builds SFTConfig in code (argparse for its own flags): the callback
+    declares no recipe, so the relaunch line has no resume flag and says that it starts over."""
+    s = Script("sft_tiny_llama.py", ["--out", "{run}", "--steps", "20"])
+    run = tmp_path / "run"
+    assert launch(tmp_path, s).wait(timeout=WAIT) == 0, (run / "train.log").read_text()[-3000:]
+    start = attempts(run)[0][0]
+    assert start["resume"] is None and start["checkpoint_dir"] == str(run / "checkpoints")
+    line, note = relaunch_plan(start, "dead", run)
+    assert shlex.split(line)[-7:-3] == ["--out", "run", "--steps", "20"] and "starts over from step 0" in note
+
+
+def test_the_hf_recipe_follows_the_scripts_spelling(tmp_path):
+    """Dashes on the command line give --resume-from-checkpoint; a lone .json config gives no recipe
+    (a flag after it would switch the script from the file to the command line)."""
+    s = Script("run_classification.py", ["--output-dir", "{run}", "--do-train", "--max-steps", "2",
+                                         "--report-to", "none", "--save-strategy", "no"])
+    run = tmp_path / "run"
+    assert launch(tmp_path, s).wait(timeout=WAIT) == 0, (run / "train.log").read_text()[-3000:]
+    start = attempts(run)[0][0]
+    assert start["resume"] == ["--resume-from-checkpoint", "{checkpoint}"]
+    assert set(start["flags"]) == {"--learning-rate", "--per-device-train-batch-size", "--gradient-accumulation-steps"}
+    (tmp_path / "cfg.json").write_text(json.dumps({"output_dir": "run2", "do_train": True, "max_steps": 2,
+                                                   "report_to": "none", "save_strategy": "no"}))
+    p = subprocess.run([sys.executable, "-u", str(USER / "run_classification.py"), "cfg.json"], cwd=tmp_path,
+                       env=ENV, capture_output=True, text=True, timeout=WAIT)
+    assert p.returncode == 0, p.stderr[-2000:]
+    start = attempts(tmp_path / "run2")[0][0]
+    assert start["resume"] is None and start["flags"] is None
+
+
+def test_a_torchrun_run_is_relaunched_with_its_own_launcher(tmp_path):
+    """Workers record the launcher from torchrun's command line (torchrun itself becomes
+    python -m torch.distributed.run: the interpreter is known, a torchrun on PATH is not); the
+    relaunch line, run literally, starts the same two processes again."""
+    torchrun = Path(sys.executable).with_name("torchrun")
+    if not torchrun.exists():
+        pytest.skip("torchrun is not installed next to this Python")
+    run = tmp_path / "run"
+    loop = ["--standalone", "--nproc_per_node", "2", str(ROOT / "tests" / "ddp_loop.py"), "--out", str(run),
+            "--steps", "6", "--step-time", "0"]
+    env = " ".join(f"{k}={v}" for k, v in {"PYTHONUNBUFFERED": "1", **QUIET}.items())
+    line = f"mkdir -p {run} && {env} {torchrun} {shlex.join(loop)} >> {run}/train.log 2>&1"
+    assert subprocess.run(["bash", "-c", line], env=ENV, timeout=WAIT).returncode == 0, \
+        (run / "train.log").read_text()[-3000:]
+    (a1,) = attempts(run)
+    exe, *head = a1[0]["launcher"]
+    assert Path(exe).resolve() == Path(sys.executable).resolve(), exe  # the workers' interpreter (python3)
+    assert head == ["-m", "torch.distributed.run", *loop[:3]], a1[0]["launcher"]
+    again, note = relaunch_plan(a1[0], "dead", run)
+    w = shlex.split(again)
+    assert w[w.index(exe):w.index(">>")] == [exe, "-u", "-m", "torch.distributed.run", *loop]
+    assert run_line(again) == 0, (run / "train.log").read_text()[-3000:]
+    a2 = attempts(run)[-1]
+    assert a2[0]["run_id"] != a1[0]["run_id"] and a2[0]["world_size"] == 2
+    assert [w for w in a2[0]["launcher"] if w != "-u"] == a1[0]["launcher"]  # the same launch once more
+    table_row("ddp_loop.py (torchrun)", "relaunch line rc 0" + (f" ({note})" if note else ""), first_step(a2),
+              again.split(" && ", 2)[-1].split(" >> ")[0])
