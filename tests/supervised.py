@@ -62,6 +62,17 @@ def records(run: Path) -> list[dict]:
     return out
 
 
+def attempts(run: Path) -> list[list[dict]]:
+    """[[start, rec, ...], ...]: one list per start record (a run is the records after its last)."""
+    out = []
+    for r in records(run):
+        if r.get("event") == "start":
+            out.append([r])
+        elif out:
+            out[-1].append(r)
+    return out
+
+
 def wait_for(run: Path, pred, timeout: float, what: str) -> list[dict]:
     end = time.time() + timeout
     while time.time() < end:

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, read_json
+from supervised import attempts
 from supervise.guard import QUIET
 from supervise.recovery import relaunch_line, watchdog_line
 
@@ -31,17 +32,6 @@ WAIT = 400  # seconds: generous, for a machine with every core busy
 
 def records(run: Path):
     return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
-
-
-def attempts(run: Path):
-    """[[start, rec, rec, ...], ...] one list per start record."""
-    out = []
-    for r in records(run):
-        if r.get("event") == "start":
-            out.append([r])
-        elif out:
-            out[-1].append(r)
-    return out
 
 
 def checkpoints(run: Path):

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
+from supervised import attempts, records
 from supervise.guard import QUIET, Call, decide
 from supervise.recovery import relaunch_plan
 
@@ -59,31 +60,6 @@ SCRIPTS = [
            no_line="the learning rate is neither on the command line nor in the start record's flags or hparams.json"),
 ]
 IDS = [s.name for s in SCRIPTS]
-
-
-def records(run: Path) -> list:
-    try:
-        text = (run / "metrics.jsonl").read_text()
-    except OSError:
-        return []
-    out = []
-    for line in text.splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            pass  # a torn last line while the writer is busy
-    return out
-
-
-def attempts(run: Path) -> list:
-    """[[start, rec, ...], ...]: one list per start record."""
-    out = []
-    for r in records(run):
-        if r.get("event") == "start":
-            out.append([r])
-        elif out:
-            out[-1].append(r)
-    return out
 
 
 def first_step(attempt) -> int:
