@@ -90,12 +90,23 @@ def test_a_start_record_without_argv_and_cwd_gives_no_line(record, tmp_path):
     assert "no argv/cwd" in relaunch_plan(record, "dead", tmp_path)[1]
 
 
+_HEADER = json.dumps({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
+SAFETENSORS = len(_HEADER).to_bytes(8, "little") + _HEADER + b"\0" * 4   # one float: a readable weights file
+
+
+def torch_file(path):
+    """A file torch.save could have written: a zip archive (what the checkpoint check reads)."""
+    import zipfile
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("archive/data.pkl", b"\x80\x02}q\x00.")
+
+
 def hf_checkpoints(d, *steps, partial=()):
     """A Trainer's output_dir: complete checkpoint-N folders (trainer_state.json is written last)
     and partial ones (a kill mid-save)."""
     for n in (*steps, *partial):
         (d / f"checkpoint-{n}").mkdir(parents=True)
-        (d / f"checkpoint-{n}" / "model.safetensors").write_bytes(b"x")
+        (d / f"checkpoint-{n}" / "model.safetensors").write_bytes(SAFETENSORS)
         if n in steps:
             (d / f"checkpoint-{n}" / "trainer_state.json").write_text("{}")
             os.utime(d / f"checkpoint-{n}", (1e9 + n, 1e9 + n))
@@ -121,7 +132,7 @@ HF = {"resume": ["--resume_from_checkpoint", "{checkpoint}"],
       "--resume_from_checkpoint", "{ck}/checkpoint-20"], ""),
     # a save that never finished is no checkpoint: nothing to resume from, the line starts over
     ("hf partial", HF, ["r.py", "--output_dir", "{ck}"], "dead", ("hf",), ["r.py", "--output_dir", "{ck}"],
-     "no checkpoint under {ck} yet: this relaunch starts over from step 0"),
+     "no complete checkpoint under {ck}: this relaunch starts over from step 0"),
     # nanoGPT: --key=value only, a float stays a float, init_from replaced in place of a second one
     ("nanogpt", {"resume": ["--init_from=resume"]}, ["train.py", "--learning_rate=5", "--init_from=scratch"], "diverged",
      ("pt",), ["train.py", "--learning_rate=2.5", "--init_from=resume"], ""),
@@ -138,7 +149,7 @@ def test_the_resume_recipe_of_each_writer(name, record, argv, kind, files, expec
     if files and files[0] == "hf":
         hf_checkpoints(ck, *files[1:], partial=(60,))
     elif files == ("pt",):
-        (ck / "ckpt.pt").write_bytes(b"x")
+        torch_file(ck / "ckpt.pt")
     fill = lambda w: w.replace("{ck}", str(ck))  # noqa: E731
     s = start([fill(w) for w in argv], **({**record, "checkpoint_dir": str(ck)} if record else {}))
     line, said = relaunch_plan(s, kind, tmp_path)
@@ -151,13 +162,14 @@ def test_an_explicit_checkpoint_wins_and_lightnings_recipe_is_a_variable(tmp_pat
     s = start(["r.py", "--output_dir", str(ck)], **HF, checkpoint_dir=str(ck))
     line = relaunch_line(s, "dead", tmp_path, checkpoint=str(ck / "checkpoint-20"))
     assert words(line)[-2:] == ["--resume_from_checkpoint", str(ck / "checkpoint-20")]
-    (ck / "last.ckpt").write_bytes(b"x")
-    os.utime(ck / "last.ckpt", (2e9, 2e9))
+    lit = tmp_path / "lightning"   # ModelCheckpoint's dirpath
+    lit.mkdir()
+    torch_file(lit / "last.ckpt")
     s = start(["lit.py", "--out", "r"], resume=[], resume_env={"SUPERVISE_CKPT_PATH": "{checkpoint}"},
-              checkpoint_dir=[str(ck)])
+              checkpoint_dir=[str(lit)])
     line, note = relaunch_plan(s, "dead", tmp_path)
-    assert f"SUPERVISE_CKPT_PATH={ck / 'last.ckpt'} " in line and words(line) == ["python", "-u", "lit.py", "--out", "r"]
-    assert note == f"resumes from {ck / 'last.ckpt'}"
+    assert f"SUPERVISE_CKPT_PATH={lit / 'last.ckpt'} " in line and words(line) == ["python", "-u", "lit.py", "--out", "r"]
+    assert note == f"resumes from {lit / 'last.ckpt'}"
 
 
 def test_a_fatal_from_a_non_finite_value_halves_the_lr(tmp_path):
