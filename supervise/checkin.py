@@ -99,7 +99,7 @@ def _next(run_dir: Path, obs, verdict, wd: Optional[WatchState], wd_alive: bool)
                                first_bad_step=bad.step if bad is not None else None)
     if line is None:
         return [f"no relaunch line: {note}; see references/recovery.md ({kind})"]
-    return [line, watchdog_line(run_dir) + flags] + ([f"(note: {note})"] if note else [])
+    return [line, watchdog_line(run_dir) + flags]
 
 
 def _resume(obs) -> list:

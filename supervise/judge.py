@@ -302,7 +302,8 @@ def rule_gpu_idle(obs, th):
 def rule_timeout(obs, th):
     if obs.time_limit is None:
         return None
-    ran = obs.now - obs.started
+    began = obs.records.start.get("time")
+    ran = obs.now - (began if isinstance(began, (int, float)) and began > 0 else obs.started)  # the run's own start
     if ran <= obs.time_limit:
         return None
     return anomaly("timeout", f"wall time = {secs(ran)} > {secs(obs.time_limit)} ({obs.time_limit_why})",

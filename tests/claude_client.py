@@ -56,7 +56,7 @@ def bash(command, background=True):
 
 
 def skill_block(step: str) -> str:
-    """The first ```bash line of SKILL.md's step ``step`` ("4", "6"), as the agent reads it."""
+    """The first ```bash line of SKILL.md's step ``step`` ("5", "6"), as the agent reads it."""
     text = (ROOT / "SKILL.md").read_text()
     at = text.index(f"## {step}.")
     body = text[at:text.index("\n## ", at + 1)]

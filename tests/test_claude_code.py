@@ -37,7 +37,7 @@ def test_multiline_launch_is_denied_with_the_fix_and_the_fix_runs(home, tmp_path
 
 
 def test_skill_is_listed_loads_and_its_launch_line_passes(home, tmp_path):
-    line = as_run(skill_block("4"), sys.executable)
+    line = as_run(skill_block("5"), sys.executable)
     assert "\n" not in line
     (tmp_path / "train.py").write_text("import sys, os; os.makedirs('runs/exp1', exist_ok=True)\n")
     multi = line.replace(" -- ", "\n-- ")

@@ -1,5 +1,5 @@
 """The run outlives the agent's session, with the real Claude Code client and a scripted model
-following SKILL.md's own lines: the trainer started by step 4's launcher keeps writing records
+following SKILL.md's own lines: the trainer started by step 5's launcher keeps writing records
 after ``claude -p`` ends (the launcher run in the foreground or as a background task) and after
 ``/exit`` of an interactive session, where a raw background launch dies with the session; and the
 ``--on-exit`` resume recipe of references/session.md brings the ended conversation back headlessly
@@ -44,7 +44,7 @@ def write_train(cwd, *fault) -> None:
 
 
 def launch_line() -> str:
-    return as_run(skill_block("4"), sys.executable)
+    return as_run(skill_block("5"), sys.executable)
 
 
 @pytest.mark.parametrize("background", [False, True], ids=["foreground", "run_in_background"])

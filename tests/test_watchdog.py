@@ -63,7 +63,7 @@ CASES = [
     Case("throughput_blip_is_not_an_alarm", ("--records", 60, "--virtual-dt", 10, "--sps-from", 500,
                                              "--sps-value", 60)),  # 100 s slow < the 300 s window
     # divergence: finite, far above the best median (LR=1000 took the loss to 2e4)
-    Case("diverged", ("--records", 60, "--loss-from", 200, "--loss-value", 2e4, *ALIVE), kind="diverged", step=240),
+    Case("diverged", ("--records", 60, "--loss-from", 200, "--loss-value", 2e4, *ALIVE), kind="diverged", step=220),
     Case("sustained_loss_spike", ("--records", 60, "--loss-from", 300, "--loss-value", 1.5, *ALIVE),
          kind="loss_spike", step=340),
     Case("single_loss_spike", ("--records", 40, "--loss-from", 300, "--loss-until", 300, "--loss-value", 5.0)),
