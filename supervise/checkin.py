@@ -197,9 +197,9 @@ def render(f: dict, limit: int = LIMIT) -> str:
     elif f["fatal"]:
         head.append(f"FATAL: {f['fatal'][:300]}")
     head += [f"note: {x}" for x in f.get("notes") or []]
-    head += [f"next: {x}" for x in f.get("next") or []]
     if f.get("next"):
         head += f.get("resume") or []
+    head += [f"next: {x}" for x in f.get("next") or []]
     head += [f"warning: {x[len('ANOMALY '):][:300]}" for x in f.get("warnings") or []]
     if f["last_error"] and f["verdict"] != "DONE":
         head.append(f"last error: {f['last_error'][:300]}")

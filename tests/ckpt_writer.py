@@ -21,6 +21,7 @@ from safetensors.numpy import save_file
 
 def main():
     p = argparse.ArgumentParser()
+    p.add_argument("--resume_from_checkpoint", default=None, help="its resume recipe (a checkpoint-N folder)")
     p.add_argument("run_dir")
     p.add_argument("--ckpt-dir", required=True)
     p.add_argument("--every", type=float, default=1.0)
@@ -40,7 +41,8 @@ def main():
             m.flush()
 
         record({"event": "start", "t": 0, "pid": os.getpid(), "total_steps": total, "num_labels": 2,
-                "checkpoint_dir": os.path.abspath(a.ckpt_dir), "argv": sys.argv, "cwd": os.getcwd()})
+                "checkpoint_dir": os.path.abspath(a.ckpt_dir), "argv": sys.argv, "cwd": os.getcwd(),
+                "resume": ["--resume_from_checkpoint", "{checkpoint}"]})
         for k in range(1, a.saves + 1):
             time.sleep(max(0.0, t0 + k * a.every - time.time()))
             step = k * a.steps_per_save

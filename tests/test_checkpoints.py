@@ -479,7 +479,7 @@ def test_a_crash_on_a_full_disk_is_disk_and_checkin_resumes_from_the_last_whole_
     assert rc == 0 and "ANOMALY disk" in out, out + err
     assert f"resume from: {vol / 'out' / 'checkpoint-10'} (step 10, 6.0 MB, complete)" in out, out
     assert f"  skipped {vol / 'out' / 'checkpoint-20'} (step 20, " in out and "model.safetensors" in out, out
-    assert "next: cd " in out and "--resume" in out, out
+    assert "next: cd " in out and f"--resume_from_checkpoint {vol / 'out' / 'checkpoint-10'} " in out, out
     rc, out, err = run_script("checkin.py", run, "--json")
     disk = json.loads(out)["disk"]
     assert rc == 0 and disk.startswith("disk: ") and f"free of 10.5 MB on {vol}; 2 checkpoints = 6.0 MB" in disk, disk

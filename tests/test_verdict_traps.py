@@ -261,7 +261,7 @@ def test_checkin_prints_the_relaunch_line_and_the_watchdog_line(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     start = {"event": "start", "t": 0, "pid": 999999, "run_id": "a", "attempt": 1, "cwd": str(tmp_path),
-             "argv": ["train.py", "--out", str(run), "--lr", "0.01"]}
+             "argv": ["train.py", "--out", str(run), "--lr", "0.01"], "resume": ["--resume"]}
     step = '{"step": %d, "t": 1, "loss": %s, "lr": 0.01, "grad_norm": 1.0, "sps": 10}\n'
     (run / "metrics.jsonl").write_text(json.dumps(start) + "\n" + step % (10, "0.5") + step % (20, "NaN"))
     rc, out, err = run_script("checkin.py", run)
