@@ -507,11 +507,15 @@ class CheckpointWatch:
 
     # -- reading the folders
     def _read(self, e: _Entry) -> None:
-        e.ckpt = examine(e.path, e.layout, e.step, e.temp)
+        e.ckpt = None
         try:
-            e.sig = _sig(e)
+            sig = _sig(e)   # taken before the read (a folder's in full): a change during it shows next poll
         except OSError:
-            e.sig = None
+            sig = None
+        e.ckpt = examine(e.path, e.layout, e.step, e.temp)
+        if sig is not None and e.is_dir and e.ckpt is not None and e.ckpt.complete:
+            sig = sig[:1]
+        e.sig = sig
 
     def _relist(self, d: str) -> None:
         old, new = self._listing[d], {}
