@@ -76,7 +76,7 @@ def poll_cost(lines: int) -> dict:
                 costs.append(time.perf_counter() - t0)
                 read.append(reader.bytes_read - before)
                 assert v.state == "watching", v.line
-        assert len(w.last.disk.checkpoints) == 50
+        assert len(w.observer.last.disk.checkpoints) == 50
         naive = []
         for _ in range(2):
             t0 = time.perf_counter()
