@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import sys
 from pathlib import Path
@@ -191,9 +190,6 @@ def relaunch_argv(start: dict, kind: Optional[str], run_dir, message: str = "", 
 
 
 # ----------------------------------------------------------------------------- resuming
-_STEP = re.compile(r"(\d+)(?!.*\d)")
-
-
 def _checkpoint_dirs(start: dict) -> list[str]:
     d = start.get("checkpoint_dir") if isinstance(start, dict) else None
     dirs = [d] if isinstance(d, str) else d if isinstance(d, list) else []
