@@ -287,6 +287,20 @@ def why_unreadable(path: str | os.PathLike) -> str:
     return ""
 
 
+def why_unwritable(folder: str | os.PathLike) -> str:
+    """'' when ``folder`` exists (made if missing) and a file can be created in it, else the
+    OS's reason (one short phrase)."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        return str(e.strerror or e)
+    return ""
+
+
 def validate_file(path: str | os.PathLike, require: tuple[str, ...] = ()) -> list[str]:
     """Every problem in a metrics file as 'line N: ...' (a torn last line included)."""
     problems = []

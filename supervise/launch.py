@@ -35,7 +35,7 @@ from typing import Optional
 
 from . import registry
 from .cli import EXIT_OK, EXIT_USAGE, CommandParser, UsageError, duration, run_dir_arg
-from .contract import LOG, atomic_write_json, is_number, read_json, why_unreadable
+from .contract import LOG, atomic_write_json, is_number, read_json, why_unreadable, why_unwritable
 from .probes import process
 from .recovery import ENV, watchdog_line
 
@@ -138,13 +138,9 @@ def find_command(name: str, cwd: Path, path: Optional[str]) -> str:
 
 
 def _writable(run: Path) -> None:
-    try:
-        run.mkdir(parents=True, exist_ok=True)
-        probe = run / f".launch-probe-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as e:
-        raise UsageError(f"run directory {run} is not writable ({e.strerror or e}); pass a folder the launcher "
+    why = why_unwritable(run)
+    if why:
+        raise UsageError(f"run directory {run} is not writable ({why}); pass a folder the launcher "
                          f"can write {LOG} and {LAUNCH} into")
     why = why_unreadable(run / LOG)
     if why:  # a FIFO would block the open, a folder would fail it: say so before anything starts

@@ -21,7 +21,8 @@ from typing import Optional
 from . import registry
 from . import slurm as sl
 from .cli import EXIT_USAGE, Parser, count, duration, fraction, positive_float, positive_int, run_dir_arg
-from .contract import LOG, METRICS, SENTINEL, WATCHDOG_STATE, atomic_write_json, is_number, why_unreadable
+from .contract import LOG, METRICS, SENTINEL, WATCHDOG_STATE, atomic_write_json, is_number, why_unreadable, \
+    why_unwritable
 from .engine import Observer
 from .judge import judge
 from .launch import run_on_exit
@@ -277,13 +278,9 @@ def main(argv=None, gpu=None) -> int:
               file=sys.stderr)
         return EXIT_USAGE
     run_dir = Path(args.run_dir)
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        probe = run_dir / f".watchdog-probe-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as e:
-        print(f"watchdog.py: error: run directory {run_dir} is not writable ({e.strerror or e}); "
+    why = why_unwritable(run_dir)
+    if why:
+        print(f"watchdog.py: error: run directory {run_dir} is not writable ({why}); "
               "pass a folder the watchdog can write watchdog.json into", file=sys.stderr)
         return EXIT_USAGE
     log = Path(args.log) if args.log else run_dir / LOG
