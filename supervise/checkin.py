@@ -14,16 +14,13 @@ from typing import Optional
 from . import registry
 from .checkpoints import resume_lines
 from .cli import EXIT_OK, EXIT_USAGE, Parser, count
-from .contract import METRICS, WATCHDOG_STATE, is_finite, is_number, read_json
+from .contract import METRICS, is_finite, is_number
 from .engine import assess
-from .judge import judge
 from .launch import launch_alive, sanitize
 from .logs import last_error, oom_line
 from .probes import disk_free, process
 from .ranks import rank_lines
 from .recovery import relaunch_plan, watchdog_line
-from .rules import Anomaly, Thresholds
-from .watch import WatchState
 
 LIMIT = 1500
 SKIP_DIRS = {".git", "node_modules", ".venv", "venv", "__pycache__", "checkpoints", "tb", ".cache"}
@@ -69,25 +66,18 @@ def _g(v, digits=4) -> str:
     return str(v)
 
 
-def _said(wd: Optional[WatchState], start) -> Optional[Anomaly]:
-    """The anomaly a watchdog of this same run already reported: it saw every record, and one
-    look at a tail may not."""
-    if wd is None or wd.state != "anomaly" or not wd.kind or not wd.message:
-        return None
-    if wd.run_id != start.get("run_id") or wd.attempt != start.get("attempt"):
-        return None
-    return Anomaly(wd.kind, wd.step, wd.message)
-
-
-def _next(run_dir: Path, obs, verdict, wd: Optional[WatchState], wd_alive: bool) -> list:
+def _next(run_dir: Path, obs, verdict) -> list:
     """What to run next, each one physical line: on an anomaly the relaunch line (from the start
-    record's argv and cwd, with the change the kind calls for) and the watchdog line for the new
-    attempt, or why there is none; for a live run that no watchdog watches, the watchdog line
+    record's argv and cwd, with the change the kind calls for, through the launcher) and the
+    watchdog line for the new attempt (the last watchdog's flags, --on-exit and --detach kept),
+    or why there is none; for a run not yet over that no live watchdog watches, the watchdog line
     with the flags the last watchdog used."""
-    flags = " " + shlex.join(wd.argv) if wd is not None and wd.argv else ""
+    wd = obs.watchdog
+    flags = wd.argv if wd is not None else ()
     if verdict.state != "anomaly":
-        if verdict.state in ("watching", "finishing") and obs.alive and not wd_alive:
-            return [watchdog_line(run_dir) + flags]
+        if verdict.state in ("watching", "finishing") and not (wd is not None and wd.alive) and (
+                obs.alive or obs.visibility):
+            return [watchdog_line(run_dir, flags=flags)]
         return []
     kind = verdict.kind
     if obs.relaunch is not None and not obs.relaunch.alive:
@@ -96,10 +86,11 @@ def _next(run_dir: Path, obs, verdict, wd: Optional[WatchState], wd_alive: bool)
     start = dict(obs.records.start)
     bad = obs.records.hits.get("nan")
     line, note = relaunch_plan(start, kind, run_dir, message=verdict.line or "",
-                               first_bad_step=bad.step if bad is not None else None)
+                               first_bad_step=bad.step if bad is not None else None,
+                               window_s=(obs.launch or {}).get("window_s"))
     if line is None:
         return [f"no relaunch line: {note}; see references/recovery.md ({kind})"]
-    return [line, watchdog_line(run_dir) + flags]
+    return [line, watchdog_line(run_dir, flags=flags, relaunch=True)]
 
 
 def _resume(obs) -> list:
@@ -115,19 +106,8 @@ def gather(run_dir: Path, k: int = 5, now: Optional[float] = None, gpu=None) -> 
     """Every fact of the check-in as a dict (``--json`` prints it): one look by the watchdog's
     own observer and judge, rendered."""
     now = now or time.time()
-    wd = WatchState.from_json(read_json(run_dir / WATCHDOG_STATE))
-    th = Thresholds.from_dict(wd.thresholds if wd else None)
-    wd_proc = process(wd.watchdog_pid) if wd and wd.watchdog_pid else None
-    wd_alive = bool(wd_proc and wd_proc.alive and wd.state in ("watching", "finishing"))
-    flags = wd.argv if wd else []
-    ckpt_dirs = tuple(v for k, v in zip(flags, flags[1:]) if k == "--checkpoint-dir")
-    _, obs, verdict = assess(run_dir, th, gpu=gpu, slurm_job=wd.slurm_job if wd else None,
-                             notable=not wd_alive,  # a live watchdog has seen the middle of the file
-                             checkpoint_dirs=ckpt_dirs)
-    said = _said(wd, obs.records.start)
-    if said is not None:
-        obs = dataclasses.replace(obs, watchdog_said=said)
-        verdict = judge(obs, th)
+    _, obs, verdict = assess(run_dir, gpu=gpu)
+    wd = obs.watchdog
     rec = obs.records
     start = dict(rec.start) or None
     steps, evals = list(rec.steps), list(rec.evals)  # what the engine read: no second pass
@@ -169,14 +149,15 @@ def gather(run_dir: Path, k: int = 5, now: Optional[float] = None, gpu=None) -> 
         "auroc_trend": [e.get("eval_auroc") for e in evals[-4:] if "eval_auroc" in e],
         "final": final,
         "watchdog": None if wd is None else {
-            "alive": wd_alive, "state": wd.state,
+            "pid": wd.pid, "alive": wd.alive, "state": wd.state, "ended_by": wd.ended_by or None,
+            "verdict": wd.message if wd.ended else None,
             "last_poll_age_s": now - wd.last_poll if wd.last_poll is not None else None,
-            "bad_lines": wd.records.get("bad_lines") if is_number(wd.records.get("bad_lines")) else None},
+            "bad_lines": wd.bad_lines},
         "process": None if proc is None else {
             "pid": proc.pid, "state": info.state if info else proc.state, "why": proc.why,
             "cpu_percent": info.cpu_percent if info else None,
             "rss_mb": info.rss / 2**20 if info and info.rss else None},
-        "next": _next(run_dir, obs, verdict, wd, wd_alive),
+        "next": _next(run_dir, obs, verdict),
         "ranks": rank_lines(obs.ranks, now, obs.rank_procs) if len(obs.ranks) > 1 else [],
         "slurm": None if obs.slurm is None else (obs.slurm.error or f"job {obs.slurm.job_id} {obs.slurm.state}"
                                                  + (f" on {obs.slurm.nodes}" if obs.slurm.nodes else "")),
@@ -224,10 +205,7 @@ def render(f: dict, limit: int = LIMIT) -> str:
         body.append(f"eval @{e.get('step')}: {metrics}"
                     + (f"; best auroc={_g(b.get('eval_auroc'))} @{b.get('step')}" if b else "")
                     + ("; auroc trend " + " ".join(_g(x, 3) for x in f["auroc_trend"]) if f["auroc_trend"] else ""))
-    w = f["watchdog"]
-    body.append("watchdog: none (start the next: watchdog line beside the run)" if w is None else
-                f"watchdog: {'alive' if w['alive'] else 'not running'}, {w['state']}, last poll "
-                f"{_age(w['last_poll_age_s'])} ago, bad lines {w['bad_lines']}")
+    body.append(_watchdog_line(f["watchdog"]))
     body += f.get("ranks") or []
     if f.get("slurm"):
         body.append(f"slurm: {f['slurm'][:200]}")
@@ -251,6 +229,21 @@ def render(f: dict, limit: int = LIMIT) -> str:
         out.append(line)
         used += len(line) + 1
     return "\n".join(out)
+
+
+def _watchdog_line(w: Optional[dict]) -> str:
+    """One line on the run's watchdog: none, alive, ended on a verdict, stopped, or gone."""
+    if w is None:
+        return "watchdog: none (start the next: watchdog line beside the run)"
+    poll = f"last poll {_age(w['last_poll_age_s'])} ago"
+    if w["alive"] and w["state"] in ("watching", "finishing"):
+        bad = f", bad lines {w['bad_lines']}" if w["bad_lines"] else ""
+        return f"watchdog: alive (pid {w['pid']}), {w['state']}, {poll}{bad}"
+    if w["verdict"]:
+        return f"watchdog: ended (pid {w['pid']}, {poll}): {w['verdict'][:80]}"
+    if w["ended_by"]:
+        return f"watchdog: stopped by {w['ended_by']} (pid {w['pid']}, {poll})"
+    return f"watchdog: gone (pid {w['pid']}, {poll}): nothing will wake you; start the next: watchdog line"
 
 
 def summary(run_dir, k: int = 5) -> str:

@@ -21,13 +21,15 @@ from typing import Optional
 
 from . import slurm as sl
 from .checkpoints import CheckpointWatch, checkpoint_dirs, declared_keep
-from .contract import LOG, METRICS, SENTINEL, TailReader, is_finite, read_json, why_unreadable
+from .contract import LOG, METRICS, SENTINEL, WATCHDOG_STATE, TailReader, is_count, is_finite, read_json, \
+    why_unreadable
 from .launch import LAUNCH, on_this_host, read_launch
 from .logs import cgroup_dir, kernel_oom_lines, killed_reason, log_tail, oom_kills, root_cause
-from .observation import GONE, Observation, Proc, Records, Verdict, frozen
-from .probes import Nvml, ProcessWatch, log_writers
+from .observation import GONE, Observation, Proc, Records, Verdict, WatchdogSeen, frozen
+from .probes import Nvml, ProcessWatch, log_writers, same_process
 from .ranks import RankFiles, local_pids
-from .rules import RecordRules, Thresholds
+from .rules import KINDS, RecordRules, Thresholds
+from .state import WatchState
 
 SCAN_EVERY = 10        # polls between /proc scans for new train.log writers while the run lives
 LOG_LINES = 200
@@ -48,7 +50,7 @@ class Observer:
     def __init__(self, run_dir, thresholds: Thresholds = Thresholds(), pids=(), log=None,
                  sentinel: str = SENTINEL, gpu=None, num_labels_given: bool = False, clock=time.time,
                  one_shot: bool = False, slurm_job: Optional[str] = None, slurm_runner=None,
-                 notable: bool = True, checkpoint_dirs: tuple = ()):
+                 notable: bool = True, checkpoint_dirs: tuple = (), watchdog_state=None):
         self.run_dir = Path(run_dir)
         self.th = thresholds
         self.explicit_pids = tuple(pids)
@@ -81,6 +83,7 @@ class Observer:
         self.idle_since: Optional[float] = None
         self.last: Optional[Observation] = None
         self.explicit_checkpoint_dirs = tuple(str(d) for d in checkpoint_dirs)
+        self.watchdog_state = watchdog_state  # state.WatchState of the run's watchdog (one-shot looks)
         self._ckpt: tuple = (None, None)      # (dirs and run_id, CheckpointWatch or None)
 
     @property
@@ -293,7 +296,23 @@ class Observer:
             evals=tuple(run.evals), best_eval=run.best_eval, attempts=tuple(tuple(a) for a in rules.attempts),
             steps_per_s=run.steps_per_s, elapsed=run.last_t, unknown=run.unknown)
 
-    def observe(self, watchdog_said=None) -> Observation:
+    def _watchdog(self, start: dict, launch: Optional[dict]) -> Optional[WatchdogSeen]:
+        """The run's watchdog as watchdog.json says: alive or gone, and its verdict when it ended
+        on one about this attempt."""
+        wd = self.watchdog_state
+        if wd is None:
+            return None
+        alive = bool(wd.watchdog_pid) and same_process(wd.watchdog_pid, wd.watchdog_create_time)
+        ended = wd.verdict_on_run and (wd.state != "anomaly" or wd.kind in KINDS)
+        same = (wd.run_id == start.get("run_id") and wd.attempt == start.get("attempt")
+                and (wd.launch_pid is None or launch is None or wd.launch_pid == launch["pid"]))
+        bad = wd.records.get("bad_lines")
+        return WatchdogSeen(pid=wd.watchdog_pid, alive=alive, state=wd.state, last_poll=wd.last_poll,
+                            argv=tuple(wd.argv), ended=ended, same_attempt=same, ended_by=wd.ended_by or "",
+                            kind=wd.kind, step=wd.step, message=wd.message or "",
+                            bad_lines=bad if is_count(bad) else None)
+
+    def observe(self) -> Observation:
         """One poll: fold the new records, look at the processes, the ranks, the scheduler, the
         GPU and (when something ended) the log; one frozen Observation."""
         self.polls += 1
@@ -362,23 +381,29 @@ class Observer:
             gpu_idle_for=idle_for, gpu_lines=gpu_lines, disk=self._disk(now, start),
             blind=self.reader.error or why_unreadable(self.log), hold_for=hold,
             time_limit=limit, time_limit_why=limit_why, failed_launches=failed, stopped=stopped,
-            watchdog_said=watchdog_said)
+            watchdog=self._watchdog(start, launch), launch=frozen(launch) if launch else None)
         self.last = obs
         return obs
 
 
 def assess(run_dir, thresholds: Optional[Thresholds] = None, gpu=None, pids=(),
-           slurm_job: Optional[str] = None, watchdog_said=None, notable: bool = True,
-           checkpoint_dirs: tuple = ()) -> tuple:
+           slurm_job: Optional[str] = None) -> tuple:
     """One look at the run as it is now, judged by the watchdog's rules: (observer, observation,
-    verdict). ``watchdog_said``: the anomaly a watchdog of this run already reported (it saw every
-    record; one look at a tail may not). ``notable=False`` skips the middle of a long file (head
-    and tail only): for a run a live watchdog follows, which has seen every record."""
+    verdict). It reads the run's watchdog.json first: the thresholds, Slurm job and checkpoint
+    folders of its watchdog (unless given), whether it lives (a live watchdog has seen the middle
+    of the file: the look reads its head and tail only) and the verdict it ended on, which is
+    the verdict while it is about the same attempt (it saw every record; one look may not)."""
     from .judge import judge
-    th = dataclasses.replace(thresholds or Thresholds(), orphan_grace=0.0, rank_grace=0.0)
-    observer = Observer(run_dir, th, pids=pids, gpu=gpu, one_shot=True, slurm_job=slurm_job, notable=notable,
-                        checkpoint_dirs=checkpoint_dirs)
-    obs = observer.observe(watchdog_said=watchdog_said)
+    wd = WatchState.from_json(read_json(Path(run_dir) / WATCHDOG_STATE))
+    th = thresholds or Thresholds.from_dict(wd.thresholds if wd else None)
+    th = dataclasses.replace(th, orphan_grace=0.0, rank_grace=0.0)
+    flags = wd.argv if wd else []
+    ckpt_dirs = tuple(v for k, v in zip(flags, flags[1:]) if k == "--checkpoint-dir")
+    watched = bool(wd and wd.watchdog_pid and wd.state in ("watching", "finishing")
+                   and same_process(wd.watchdog_pid, wd.watchdog_create_time))
+    observer = Observer(run_dir, th, pids=pids, gpu=gpu, one_shot=True, slurm_job=slurm_job or (wd.slurm_job if wd else None),
+                        notable=not watched, checkpoint_dirs=ckpt_dirs, watchdog_state=wd)
+    obs = observer.observe()
     return observer, obs, judge(obs, th)
 
 

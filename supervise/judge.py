@@ -30,7 +30,6 @@ from . import ranks as rk
 from .checkpoints import remaining_saves, rule_disk as disk_ahead
 from .logs import ENOSPC, enospc_line, is_fallout, last_error, oom_line
 from .observation import Observation, Verdict
-from .recovery import no_progress
 from .rules import KINDS, Anomaly, Thresholds, anomaly, is_warning, secs
 from .slurm import slurm_anomaly
 
@@ -46,6 +45,7 @@ class Rule:
     check: Callable[[Observation, Thresholds], Optional[Anomaly]]
     change: Optional[str] = None     # relaunch: "lr" (halve it), "batch" (halve, double accumulation), "same", None (no relaunch)
     process: bool = False            # a process/time rule: it has nothing to say about a finished run
+    escalates: bool = False          # consulted only over an alarm with a relaunch change, and then reported instead
 
     def is_warning(self, th: Thresholds) -> bool:
         """A check-in warning, not an alarm (overfit unless --overfit-alarm)."""
@@ -261,9 +261,41 @@ def rule_no_telemetry(obs, th):
                    "(the --out folder) and read train.log through checkin.py")
 
 
-def rule_no_progress(obs, th):
+NO_PROGRESS_AFTER = 3     # relaunches without the checkpoint's step moving
+
+
+def no_progress(starts_and_checkpoint_steps, *, current: Optional[int] = None, after: int = NO_PROGRESS_AFTER,
+                last: Optional[str] = None) -> Optional[Anomaly]:
+    """``no_progress`` when the last ``after`` relaunches all began at the same checkpoint step.
+
+    ``starts_and_checkpoint_steps``: one (start record, step) per attempt, oldest first; step is
+    where that attempt began (its first logged step: a resumed attempt's first step lies one
+    logging interval after the checkpoint it began at, so equal values mean the same
+    checkpoint), None when it logged nothing. The first attempt is the launch, the others
+    relaunches; a relaunch with None began nowhere visible and counts as no progress.
+    ``current``: the same measure now, when known: a last attempt that moved it made progress.
+    ``last``: the kind the last attempt ended in, named in the message."""
+    relaunches = [step for _start, step in list(starts_and_checkpoint_steps)[1:]]
+    if len(relaunches) < after:
+        return None
+    known = {s for s in relaunches[-after:] if s is not None}
+    if len(known) > 1:
+        return None
+    step = known.pop() if known else None
+    if current is not None and step is not None and current != step:
+        return None
+    ended = f" (the last ended in {last})" if last else ""
+    return anomaly("no_progress", f"relaunches without the checkpoint step moving = {after} >= {after}{ended}",
+                   step or 0, "Stop relaunching: read the last error in check-in, fix its cause or ask the user, "
+                   "then relaunch once")
+
+
+def rule_no_progress(obs, th, last: Optional[str] = None):
+    """Consulted over an alarm whose fix is a relaunch (``Rule.escalates``): the relaunch would be
+    the next of several that began at the same checkpoint, so the verdict is no_progress. The
+    relaunches are the attempts' start records and the launches that died before writing one."""
     attempts = list(obs.records.attempts) + [({}, None)] * obs.failed_launches
-    return no_progress(attempts)
+    return no_progress(attempts, last=last)
 
 
 def rule_slurm(kind: str):
@@ -326,7 +358,7 @@ RULES = (
     Rule("rank_hang", rule_rank_hang, "same", process=True),
     Rule("stall", rule_stall, "same", process=True),
     Rule("no_telemetry", rule_no_telemetry, None, process=True),
-    Rule("no_progress", rule_no_progress, None),
+    Rule("no_progress", rule_no_progress, None, escalates=True),
     Rule("inverted_labels", _hit("inverted_labels"), None),
     Rule("stuck_auroc", _hit("stuck_auroc"), None),
     Rule("chance_loss", _hit("chance_loss"), None),
@@ -394,10 +426,9 @@ def judge(obs: Observation, th: Thresholds) -> Verdict:
     warnings = tuple(a for k, a in obs.records.hits.items() if BY_KIND[k].is_warning(th))
     trainer = [p for p in obs.alive if not p.child]   # a rank or worker outliving the trainer is no reason to wait
     finished = obs.sentinel is not None and not trainer
-    if obs.watchdog_said is not None and obs.relaunch is None:
-        a = obs.watchdog_said
-        return Verdict("anomaly", a.message, a, f"ANOMALY {a.kind}", notes, warnings,
-                       change=change_for(a.kind, a.message))
+    said = _watchdog_verdict(obs, notes, warnings)
+    if said is not None:
+        return said
     if obs.stopped and not trainer and obs.sentinel is None:
         first = next((a for r in RULES if not r.process and not r.is_warning(th)
                       for a in (r.check(obs, th),) if a is not None), None)
@@ -406,6 +437,8 @@ def judge(obs: Observation, th: Thresholds) -> Verdict:
                            None, "STOPPED", notes, warnings)
     late = finished and _after_sentinel(obs)
     for rule in RULES:
+        if rule.escalates:
+            continue
         if rule.process and finished and rule.kind != "blind" and not (late and rule.kind in ("oom", "crash")):
             continue  # a finished run's processes have ended: that is no anomaly
         found = rule.check(obs, th)
@@ -413,6 +446,8 @@ def judge(obs: Observation, th: Thresholds) -> Verdict:
             continue
         if obs.hold_for > 0:
             return Verdict("watching", "", None, _headline(obs), notes, warnings, recheck_in=obs.hold_for)
+        if change_for(found.kind, found.message) is not None:
+            found = rule_no_progress(obs, th, last=found.kind) or found
         return Verdict("anomaly", found.message, found, f"ANOMALY {found.kind}", notes, warnings,
                        change=change_for(found.kind, found.message))
     if obs.sentinel is not None:
@@ -427,6 +462,19 @@ def judge(obs: Observation, th: Thresholds) -> Verdict:
                                 if trainer else ()))
         return Verdict(v.state, v.line, None, v.headline, v.notes, warnings)
     return Verdict("watching", "", None, _headline(obs), notes, warnings)
+
+
+def _watchdog_verdict(obs: Observation, notes: tuple, warnings: tuple) -> Optional[Verdict]:
+    """The verdict a watchdog of this same attempt ended on (a one-shot look renders it: the
+    watchdog saw every record and every poll), unless a newer launch has begun since."""
+    w = obs.watchdog
+    if w is None or not w.ended or not w.same_attempt or obs.relaunch is not None:
+        return None
+    if w.state == "anomaly":
+        a = Anomaly(w.kind, w.step, w.message)
+        return Verdict("anomaly", w.message, a, f"ANOMALY {w.kind}", notes, warnings,
+                       change=change_for(w.kind, w.message))
+    return Verdict(w.state, w.message, None, "DONE" if w.state == "done" else "STOPPED", notes, warnings)
 
 
 def _after_sentinel(obs: Observation) -> bool:

@@ -3,7 +3,7 @@ agent's session (a ``claude -p`` that ends, an ``/exit``, a closed terminal), re
 ``RUN_DIR/launch.json`` and the registry; the record read back and checked alive by pid and start
 time; and the watchdog's ``--on-exit`` command, run detached the same way.
 
-    python3 scripts/launch.py RUN_DIR [--window 8h] [--session-id ID] -- python -u train.py --out RUN_DIR
+    python3 scripts/launch.py RUN_DIR [--window 8h] [--session-id ID] [--env K=V] [--replace] -- python -u train.py --out RUN_DIR
 
 The launcher checks everything before it starts anything (a command that is not found or not
 executable, an unwritable run folder, a trainer of the same folder still alive: exit 2, one
@@ -11,13 +11,26 @@ line, nothing started, no record written), then starts the command with stdin fr
 stdout and stderr appended to ``RUN_DIR/train.log`` and the quiet variables set, writes the
 record atomically and returns at once, printing one line: the pid and the watchdog line.
 
+Every attempt is a launch. A trainer of the folder is the launch record's process (the same
+process: pid and start time) and every process whose output is ``RUN_DIR/train.log`` (a run
+started some other way). A plain launch refuses while one lives. The relaunch line (check-in's
+``next:``, ``recovery.relaunch_plan``) passes ``--replace``: it stops the folder's live trainer
+first (``stop.py``'s way: SIGTERM to its group, a grace, SIGKILL, recorded as a stop by the
+relaunch), because every kind that has a relaunch line is one where the old attempt must end
+before the new one starts; this is the one place that decides it.
+
 ``launch.json`` (written atomically; ``read_launch`` gives it back with every field typed):
 pid, pgid, sid, host, create_time (the process's start time, so that a recycled pid is told
 apart), launched_at, argv (the command as given), cwd, window_s, session_id, log, run_dir; and,
 once ``stop.py`` ended it: stop {requested_at, by, grace_s, signals, exited_after_s} and
 stopped_at; earlier: [{pid, launched_at, create_time}] of the folder's previous launches, newest
-first (a relaunch that died before its start record still counts toward no_progress). ``stop`` is written before the first signal, so a death seen during the grace is
-already known as the user's stop. Standard library (+psutil through probes): hot-path safe.
+first (a relaunch that died before its start record still counts toward no_progress); env:
+the variables ``--env`` added; replaced: the pids ``--replace`` stopped; on_exit: every
+``--on-exit`` command the watchdogs of this folder ran, oldest first [{at, pid, headline,
+verdict}], carried from launch to launch (``pid``: the launch it was about; a verdict already
+sent for a launch is not sent again, so a watchdog restarted on a finished run never resumes a
+conversation twice). ``stop`` is written before the first signal, so a death seen during the
+grace is already known as the user's stop. Standard library (+psutil through probes): hot-path safe.
 """
 from __future__ import annotations
 
@@ -36,7 +49,7 @@ from typing import Optional
 from . import registry
 from .cli import EXIT_OK, EXIT_USAGE, CommandParser, UsageError, duration, run_dir_arg
 from .contract import LOG, atomic_write_json, is_number, read_json, why_unreadable, why_unwritable
-from .probes import process
+from .probes import log_writers, process, same_process
 from .recovery import ENV, watchdog_line
 
 LAUNCH = "launch.json"
@@ -47,13 +60,12 @@ BUNDLE = Path(__file__).resolve().parents[1]
 # the environment of every Bash command it runs (checked with 2.1.197); the second is the name
 # an earlier draft of the skill documented.
 SESSION_VARS = ("CLAUDE_CODE_SESSION_ID", "CLAUDE_SESSION_ID")
-SAME_PROCESS_S = 1.0   # a start time within this of the record's is the same process
 
 # field -> type read_launch accepts (float: any number but a bool); a field of another type
 # reads as None. pid, launched_at and argv are required: without them the record is None.
 FIELDS = {"pid": int, "pgid": int, "sid": int, "host": str, "create_time": float, "launched_at": float,
           "argv": list, "cwd": str, "window_s": float, "session_id": str, "log": str, "run_dir": str,
-          "stop": dict, "stopped_at": float, "earlier": list}
+          "stop": dict, "stopped_at": float, "earlier": list, "env": dict, "replaced": list, "on_exit": list}
 
 
 # ----------------------------------------------------------------------------- the record
@@ -91,17 +103,12 @@ def on_this_host(rec: dict) -> bool:
 
 def launch_alive(rec: Optional[dict]) -> bool:
     """The launched process still runs: on this host, its pid alive (not a zombie) and its start
-    time within SAME_PROCESS_S of the recorded one (a recycled pid is another process). A record
+    time within probes.SAME_PROCESS_S of the recorded one (a recycled pid is another process). A record
     or a reading without a start time is judged by the pid alone. False on another host: it
     cannot be seen from here (``on_this_host`` tells that case apart)."""
     if not rec or not rec.get("pid") or not on_this_host(rec):
         return False
-    info = process(rec["pid"])
-    if not info.alive:
-        return False
-    if rec.get("create_time") is None or info.create_time is None:
-        return True
-    return abs(info.create_time - rec["create_time"]) <= SAME_PROCESS_S
+    return same_process(rec["pid"], rec.get("create_time"))
 
 
 def update_launch(run_dir, **fields) -> dict:
@@ -180,35 +187,83 @@ def launcher_line(run_dir: str, command: str, *, python: str = "python3") -> str
     return f"{python} {shlex.quote(str(BUNDLE / 'scripts' / 'launch.py'))} {run_dir} -- {command}"
 
 
+def trainers(run: Path, prev: Optional[dict]) -> list[tuple[int, str]]:
+    """The folder's live trainer: (pid, why) of the launch record's process when it still runs,
+    and of every process whose stdout or stderr is ``RUN_DIR/train.log``."""
+    out = [(prev["pid"], "launch record")] if prev is not None and launch_alive(prev) else []
+    for pid in log_writers(run / LOG, exclude=(os.getpid(),)):
+        if pid not in {p for p, _ in out} and process(pid).alive:
+            out.append((pid, "writes train.log"))
+    return out
+
+
+def _refuse_live(run_dir, run: Path, prev: Optional[dict], live: list) -> None:
+    pid, why = live[0]
+    since = f", launched {_ago(prev['launched_at'])} ago" if why == "launch record" else f", {why}"
+    raise UsageError(f"{run_dir} already has a live trainer (pid {pid}{since}): stop it first "
+                     f"({stop_line(run) if why == 'launch record' else f'kill {pid}'}), relaunch with --replace, "
+                     "or launch into another run folder")
+
+
+def _replace(run: Path, prev: Optional[dict], live: list, grace_s: float) -> list:
+    """Stop the folder's live trainer before a relaunch: the launch record's group as stop.py does
+    (recorded as a stop by the relaunch), other train.log writers by pid; [{pid, how}]."""
+    from .stop import stop, stop_pids  # the relaunch path only
+    done = []
+    if any(why == "launch record" for _, why in live):
+        out = stop(run, grace_s, by="launch.py --replace")
+        if out.code != EXIT_OK:
+            raise UsageError(f"--replace could not stop the live trainer: {out.line}; nothing was started")
+        done.append({"pid": prev["pid"], "how": out.line})
+    others = [pid for pid, why in live if why != "launch record" and process(pid).alive]
+    if others:
+        left = stop_pids(others, grace_s)
+        if left:
+            raise UsageError(f"--replace could not stop pid {left[0]} (it writes train.log and outlived SIGKILL); "
+                             "nothing was started")
+        done += [{"pid": pid, "how": "SIGTERM, then SIGKILL after the grace"} for pid in others]
+    return done
+
+
 def launch(run_dir, argv: list[str], *, window_s: Optional[float] = None, session_id: Optional[str] = None,
-           cwd=None, env: Optional[dict] = None) -> dict:
+           cwd=None, env: Optional[dict] = None, extra_env: Optional[dict] = None, replace: bool = False,
+           grace_s: float = 30.0) -> dict:
     """Start ``argv`` detached (own session, stdin /dev/null, output appended to RUN_DIR/train.log,
-    ENV set), record it in ``RUN_DIR/launch.json`` and the registry, return the record at once.
+    ENV and ``extra_env`` set), record it in ``RUN_DIR/launch.json`` and the registry, return the
+    record at once.
 
     ``session_id`` [the environment's CLAUDE_CODE_SESSION_ID, else CLAUDE_SESSION_ID, else None]
     is kept for ``--on-exit`` recipes (``claude --resume``). ``cwd`` [the current folder] and
-    ``env`` [os.environ] are the command's. UsageError (one line) when anything is wrong, before
-    anything starts: no command, a command not found or not executable, an unwritable folder, a
-    trainer of this folder still alive."""
+    ``env`` [os.environ] are the command's. ``replace``: stop the folder's live trainer first
+    (SIGTERM, ``grace_s``, SIGKILL) instead of refusing. UsageError (one line) when anything is
+    wrong, before anything starts: no command, a command not found or not executable, an
+    unwritable folder, a trainer of this folder still alive (without ``replace``)."""
     if not argv:
         raise UsageError("no command to launch: put it after --, e.g. launch.py runs/a -- python -u train.py "
                          "--out runs/a")
     run = Path(os.path.abspath(run_dir))
     cwd = Path(os.path.abspath(cwd or os.getcwd()))
     env = dict(os.environ if env is None else env)
+    extra_env = dict(extra_env or {})
     exe = find_command(argv[0], cwd, env.get("PATH", os.defpath))
     _writable(run)
     if session_id is None:
         session_id = next((env[v] for v in SESSION_VARS if env.get(v)), None)
     with _locked(run):
         prev = read_launch(run)
-        if prev is not None and launch_alive(prev):
-            raise UsageError(f"{run_dir} already has a live trainer (pid {prev['pid']}, launched {_ago(prev['launched_at'])} "
-                             f"ago): stop it first ({stop_line(run)}), or launch into another run folder")
+        if session_id is None and prev is not None:
+            session_id = prev.get("session_id")  # a relaunch run by a shell keeps the chain's conversation
+        live = trainers(run, prev)
+        replaced = []
+        if live and not replace:
+            _refuse_live(run_dir, run, prev, live)
+        if live:
+            replaced = _replace(run, prev, live, grace_s)
+            prev = read_launch(run)
         log = open(run / LOG, "ab")
         try:
             child = subprocess.Popen(argv, executable=exe, stdin=subprocess.DEVNULL, stdout=log,
-                                     stderr=subprocess.STDOUT, cwd=cwd, env={**env, **ENV},
+                                     stderr=subprocess.STDOUT, cwd=cwd, env={**env, **ENV, **extra_env},
                                      start_new_session=True, close_fds=True)
         except OSError as e:
             raise UsageError(f"{argv[0]}: cannot run it ({e.strerror or e}); nothing was started")
@@ -222,7 +277,8 @@ def launch(run_dir, argv: list[str], *, window_s: Optional[float] = None, sessio
         rec = {"pid": child.pid, "pgid": pgid, "sid": sid, "host": socket.gethostname(),
                "create_time": info.create_time, "launched_at": time.time(), "argv": list(argv), "cwd": str(cwd),
                "window_s": window_s, "session_id": session_id, "log": str(run / LOG), "run_dir": str(run),
-               "earlier": _earlier(prev)}
+               "env": extra_env or None, "replaced": replaced or None,
+               "on_exit": list((prev or {}).get("on_exit") or [])[-50:] or None, "earlier": _earlier(prev)}
         try:
             atomic_write_json(run / LAUNCH, rec)
         except OSError as e:  # nothing half-started: no record, no trainer
@@ -248,16 +304,30 @@ def launched_line(rec: dict) -> str:
 
 
 # ----------------------------------------------------------------------------- on exit
-def run_on_exit(cmd: str, *, line: str, kind: Optional[str], code: int, run_dir) -> None:
+def run_on_exit(cmd: str, *, line: str, kind: Optional[str], code: int, run_dir, headline: str = "") -> bool:
     """Run the shell command ``cmd`` once, detached (own session, stdin /dev/null, output
     appended to RUN_DIR/on_exit.log after a header line), with SUPERVISE_VERDICT (the verdict
     line), SUPERVISE_KIND (the anomaly kind, empty when none), SUPERVISE_EXIT_CODE,
     SUPERVISE_RUN_DIR and, when known, SUPERVISE_SESSION_ID (launch.json's, else the caller's
-    CLAUDE_CODE_SESSION_ID) in its environment. It runs in the caller's working folder. Never
-    raises: a command that cannot start is one warning line on stderr."""
+    CLAUDE_CODE_SESSION_ID) in its environment. It runs in the caller's working folder.
+
+    Once per verdict and launch: the run is recorded in launch.json's ``on_exit`` list first; a
+    verdict with the same ``headline`` for the same launched pid already there is not sent again
+    (a watchdog restarted on an ended run must not resume a conversation a second time), and
+    False is returned. Never raises: a command that cannot start is one warning line on stderr."""
     try:
         run = Path(run_dir).resolve()
         rec = read_launch(run) or {}
+        if rec and headline:
+            sent = next((e for e in rec.get("on_exit") or [] if isinstance(e, dict) and e.get("pid") == rec["pid"]
+                         and e.get("headline") == headline), None)
+            if sent is not None:
+                print(f"watchdog.py: --on-exit not run again: it ran for {headline} of pid {rec['pid']} "
+                      f"{_ago(sent.get('at') or 0)} ago; check in with checkin.py", file=sys.stderr, flush=True)
+                return False
+            entry = {"at": time.time(), "pid": rec["pid"], "headline": headline, "verdict": line[:300]}
+            with contextlib.suppress(OSError, UsageError):
+                update_launch(run, on_exit=[*(rec.get("on_exit") or []), entry][-50:])
         env = {k: v for k, v in os.environ.items() if k != "SUPERVISE_SESSION_ID"}
         env.update({"SUPERVISE_VERDICT": line, "SUPERVISE_KIND": kind or "", "SUPERVISE_EXIT_CODE": str(int(code)),
                     "SUPERVISE_RUN_DIR": str(run)})
@@ -269,13 +339,25 @@ def run_on_exit(cmd: str, *, line: str, kind: Optional[str], code: int, run_dir)
             log.flush()
             subprocess.Popen(["/bin/sh", "-c", cmd], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                              env=env, start_new_session=True, close_fds=True)
+        return True
     except Exception as e:  # the verdict is printed already; the on-exit command is a bonus
         with contextlib.suppress(Exception):
             print(f"watchdog.py: warning: --on-exit did not start ({type(e).__name__}: {str(e)[:200]})",
                   file=sys.stderr, flush=True)
+        return False
 
 
 # ----------------------------------------------------------------------------- the front door
+def env_pair(text: str) -> tuple[str, str]:
+    """``NAME=VALUE`` -> (NAME, VALUE); NAME a shell variable name."""
+    import argparse
+    import re
+    name, eq, value = text.partition("=")
+    if not eq or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        raise argparse.ArgumentTypeError(f"{text[:60]!r} is not NAME=VALUE (e.g. SUPERVISE_CKPT_PATH=runs/a/last.ckpt)")
+    return name, value
+
+
 def build_parser() -> CommandParser:
     p = CommandParser(prog="launch.py", description=(
         "Start a training command detached from this session (its own session, stdin /dev/null, output "
@@ -290,6 +372,14 @@ def build_parser() -> CommandParser:
     p.add_argument("--session-id", metavar="ID",
                    help="the agent's session id, for --on-exit recipes [$CLAUDE_CODE_SESSION_ID, which Claude "
                         "Code sets]")
+    p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", type=env_pair,
+                   help="a variable for the command's environment (repeatable), e.g. a resume recipe's "
+                        "SUPERVISE_CKPT_PATH=...; recorded in launch.json")
+    p.add_argument("--replace", action="store_true",
+                   help="stop the folder's live trainer first (SIGTERM to its group, --grace, SIGKILL; recorded as "
+                        "a stop by the relaunch) instead of refusing: the relaunch line passes it")
+    p.add_argument("--grace", type=duration, default=30.0, metavar="DURATION",
+                   help="with --replace: how long SIGTERM has before SIGKILL [default: 30s]")
     p.epilog = "usage after the options: -- CMD [ARG ...] (the training command, as you would type it)"
     return p
 
@@ -298,7 +388,8 @@ def main(argv=None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
     try:
-        rec = launch(args.run_dir, args.command, window_s=args.window, session_id=args.session_id or None)
+        rec = launch(args.run_dir, args.command, window_s=args.window, session_id=args.session_id or None,
+                     extra_env=dict(args.env), replace=args.replace, grace_s=args.grace)
     except UsageError as e:
         print(f"{p.prog}: error: {e}", file=sys.stderr)
         return EXIT_USAGE

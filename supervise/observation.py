@@ -57,6 +57,29 @@ class Records:
 
 
 @dataclass(frozen=True)
+class WatchdogSeen:
+    """The run's watchdog as its watchdog.json says, seen by a one-shot look (check-in, plot).
+
+    ``alive``: that process still runs (its pid, and its start time when recorded). ``ended``:
+    it ended on a verdict about the run (done, an anomaly, a stop by stop.py), not on a signal to
+    itself; ``same_attempt``: that verdict is about the attempt the records show now (run_id,
+    attempt and launch pid agree), so it is the verdict."""
+
+    pid: Optional[int]
+    alive: bool
+    state: str                       # watching | finishing | done | anomaly | stopped
+    last_poll: Optional[float] = None
+    argv: tuple = ()                 # its flags after RUN_DIR (check-in offers them again)
+    ended: bool = False
+    same_attempt: bool = False
+    ended_by: str = ""               # the signal that ended the watchdog itself
+    kind: Optional[str] = None
+    step: int = 0
+    message: str = ""
+    bad_lines: Optional[int] = None
+
+
+@dataclass(frozen=True)
 class Observation:
     """One frozen look at a run. Clocks are wall-clock seconds (time.time())."""
 
@@ -92,7 +115,8 @@ class Observation:
     time_limit_why: str = ""
     failed_launches: int = 0         # launches after the last start record that died before writing one
     stopped: str = ""                # who stopped the launched trainer on purpose (scripts/stop.py), '' if nobody
-    watchdog_said: Any = None        # rules.Anomaly a watchdog of this run already reported (check-in)
+    watchdog: Optional[WatchdogSeen] = None   # the run's watchdog (a one-shot look reads watchdog.json)
+    launch: Optional[Mapping] = None # launch.json, sanitized (launch.read_launch), when there is one
 
     @property
     def alive(self) -> list:
@@ -130,4 +154,4 @@ def frozen(d: Optional[Mapping]) -> Mapping:
     return MappingProxyType(dict(d)) if d else EMPTY
 
 
-__all__ = ["EMPTY", "GONE", "Proc", "Records", "Observation", "Verdict", "frozen"]
+__all__ = ["EMPTY", "GONE", "Proc", "Records", "Observation", "Verdict", "WatchdogSeen", "frozen"]

@@ -84,6 +84,18 @@ def process(pid: int, cpu_interval: Optional[float] = None) -> ProcInfo:
     return ProcInfo(pid, "alive")
 
 
+SAME_PROCESS_S = 1.0   # start times this close are the same process (the kernel's boot time is whole seconds)
+
+
+def same_process(pid: int, create_time: Optional[float] = None) -> bool:
+    """``pid`` runs (not a zombie) and is the process that started at ``create_time`` (within
+    SAME_PROCESS_S: a recycled pid is another process); with no start time, the pid alone."""
+    info = process(pid)
+    if not info.alive:
+        return False
+    return create_time is None or info.create_time is None or abs(info.create_time - create_time) <= SAME_PROCESS_S
+
+
 def log_writers(log_path, exclude=()) -> dict[int, int]:
     """Every process whose stdout or stderr is ``log_path`` -> its parent pid. The README's
     launch line makes the trainer such a process, and torchrun's workers inherit it. Reads

@@ -1,10 +1,11 @@
-"""Recovery: the one line that relaunches a run from its last checkpoint, the watchdog's line
-beside it, and the rule that stops an agent relaunching a run that makes no progress.
+"""Recovery: the one line that relaunches a run from its last checkpoint, and the watchdog's
+line beside it (the judge's ``no_progress`` stops an agent relaunching a run that makes none).
 
 The relaunch line is built from the start record (contract v0.2: ``argv``, ``cwd``, ``python``;
 v0.3: ``resume``, ``resume_env``, ``checkpoint_dir``, ``flags``, ``launcher``, ``slurm``) and
-passes the launch guard as is: one physical line, ``python -u``, the quiet variables, output
-appended to ``RUN_DIR/train.log``. It keeps the script's own grammar: a flag it changes keeps
+goes through the launcher like the first launch (scripts/launch.py ``--replace``: detached,
+appended to ``RUN_DIR/train.log``, the quiet variables, recorded in launch.json's chain); it is
+one physical line that passes the launch guard and returns at once. It keeps the script's own grammar: a flag it changes keeps
 its spelling and its form (``--lr=0.001`` stays one word, ``--lr 0.001`` two), a learning rate
 stays a float literal, a batch an integer, and a flag the script was not seen to take is never
 added. The kind of anomaly decides the change (see references/recovery.md):
@@ -32,15 +33,13 @@ import os
 import shlex
 import sys
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Optional
 
 from .guard import PYTHON, QUIET
-from .rules import Anomaly, anomaly
 
 ENV = {"PYTHONUNBUFFERED": "1", **QUIET}
 BUNDLE = Path(__file__).resolve().parents[1]
 HPARAMS = "hparams.json"
-NO_PROGRESS_AFTER = 3     # relaunches without the checkpoint's step moving
 CHECKPOINT = "{checkpoint}"
 
 
@@ -293,19 +292,24 @@ def _sbatch(start: dict, run: Path, cwd: str, inner: str) -> tuple[str, str]:
 
 
 def relaunch_plan(start: dict, kind: Optional[str], run_dir, *, message: str = "", python: Optional[str] = None,
-                  checkpoint: Optional[str] = None, first_bad_step: Optional[int] = None
-                  ) -> tuple[Optional[str], str]:
+                  checkpoint: Optional[str] = None, first_bad_step: Optional[int] = None,
+                  window_s: Optional[float] = None) -> tuple[Optional[str], str]:
     """(the relaunch line or None, a note). The line is one physical line the agent runs as is
-    (it passes supervise.guard): ``cd CWD && mkdir -p RUN && ENV LAUNCHER ARGV RESUME >>
-    RUN/train.log 2>&1`` with the change ``kind`` calls for; a Slurm job's is an ``sbatch``
-    resubmission. The note says why there is no line (relaunching does not fix the kind; the
-    learning rate or batch is not a flag of the script; no argv/cwd), or what the line cannot do
-    (no resume recipe or no checkpoint yet: it starts over); '' when there is nothing to add.
+    (it passes supervise.guard and returns at once): ``cd CWD && PY scripts/launch.py RUN
+    --replace [--window W] [--env K=V] -- LAUNCHER ARGV RESUME`` with the change ``kind`` calls
+    for. Every attempt is a launch: the launcher stops the folder's live trainer first
+    (``--replace``), starts the new one detached (own session, stdin /dev/null, appended to
+    train.log, the quiet variables) and records it in launch.json's chain. A Slurm job's line is
+    an ``sbatch`` resubmission. The note says why there is no line (relaunching does not fix the
+    kind; the learning rate or batch is not a flag of the script; no argv/cwd), or what the line
+    cannot do (no resume recipe or no checkpoint yet: it starts over); '' when there is nothing
+    to add.
 
     ``message``: the anomaly's line (a ``fatal`` caused by a non-finite value halves the LR);
     ``python``: the interpreter [the start record's ``python``, else ``python``]; ``checkpoint``:
     the checkpoint to resume from [the newest complete one under the start record's
-    ``checkpoint_dir`` written before ``first_bad_step``, the first non-finite record's step]."""
+    ``checkpoint_dir`` written before ``first_bad_step``, the first non-finite record's step];
+    ``window_s``: the launch's --window, kept for the new attempt."""
     argv, note = changed_argv(start, kind, run_dir, message)
     cwd = start.get("cwd") if isinstance(start, dict) else None
     if argv is None or not isinstance(cwd, str) or not cwd:
@@ -318,67 +322,45 @@ def relaunch_plan(start: dict, kind: Optional[str], run_dir, *, message: str = "
     launch, why = _launch(start, argv, python)
     notes.append(why)
     run = Path(os.path.abspath(run_dir))
-    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in {**ENV, **(renv or {})}.items())
     q = shlex.quote
     if isinstance(start.get("slurm_job_id"), str) and start["slurm_job_id"]:
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in {**ENV, **(renv or {})}.items())
         line, why = _sbatch(start, run, cwd, f"{env} {shlex.join(launch)}")
         notes.append(why)
     else:
-        line = (f"cd {q(cwd)} && mkdir -p {q(str(run))} && {env} {shlex.join(launch)} "
-                f">> {q(str(run / 'train.log'))} 2>&1")
+        opts = ["--replace"] + (["--window", f"{window_s:g}s"] if window_s else [])
+        opts += [f"--env={k}={v}" for k, v in (renv or {}).items()]
+        line = f"cd {q(cwd)} && " + shlex.join([sys.executable or "python3", str(BUNDLE / "scripts" / "launch.py"),
+                                                str(run), *opts, "--", *launch])
     return line, "; ".join(n for n in notes if n)
 
 
-def relaunch_line(start: dict, kind: Optional[str], run_dir, *, message: str = "",
-                  python: Optional[str] = None, checkpoint: Optional[str] = None,
-                  first_bad_step: Optional[int] = None) -> Optional[str]:
+def relaunch_line(start: dict, kind: Optional[str], run_dir, **how) -> Optional[str]:
     """The line of ``relaunch_plan``, or None (then its note says why, and the agent asks the user)."""
-    return relaunch_plan(start, kind, run_dir, message=message, python=python, checkpoint=checkpoint,
-                         first_bad_step=first_bad_step)[0]
+    return relaunch_plan(start, kind, run_dir, **how)[0]
 
 
-def watchdog_line(run_dir, *, python: Optional[str] = None, slurm_job: Optional[str] = None) -> str:
-    """The watchdog for the relaunched attempt, to run beside the relaunch line (it watches the
-    records after the last start record, so the new attempt's); ``slurm_job``: follow that job."""
+# a watchdog's flags that name the old attempt's processes: a relaunch's watchdog finds its own
+ATTEMPT_FLAGS = ("--pid", "--slurm-job")
+
+
+def watchdog_line(run_dir, *, python: Optional[str] = None, slurm_job: Optional[str] = None,
+                  flags=(), relaunch: bool = False) -> str:
+    """The watchdog line for the run: ``flags`` are the last watchdog's (``--on-exit`` and
+    ``--detach`` included, so a run supervised headlessly stays so); for a relaunch
+    (``relaunch``) its ``--pid`` and ``--slurm-job`` are dropped, since they name the old
+    attempt's processes (it watches the records after the last start record, so the new
+    attempt's); ``slurm_job``: follow that job."""
     exe = python or sys.executable or "python3"
-    extra = ["--slurm-job", str(slurm_job)] if slurm_job else []
-    return shlex.join([exe, str(BUNDLE / "scripts" / "watchdog.py"), os.path.abspath(run_dir), *extra])
-
-
-def began_at(records: Iterable[dict]) -> list[tuple[dict, Optional[int]]]:
-    """(start record, the first step it logged or None) per attempt, oldest first, from a metrics
-    file's records in order: the input of ``no_progress`` (a resumed attempt's first step lies one
-    logging interval after the checkpoint it began at, so equal values mean the same checkpoint)."""
-    out: list = []
-    for rec in records:
-        if not isinstance(rec, dict):
+    kept, skip = [], False
+    for f in flags:
+        if skip:
+            skip = False
             continue
-        if rec.get("event") == "start":
-            out.append([rec, None])
-        elif out and out[-1][1] is None and "loss" in rec and isinstance(rec.get("step"), int):
-            out[-1][1] = rec["step"]
-    return [(a, b) for a, b in out]
-
-
-def no_progress(starts_and_checkpoint_steps: Iterable[tuple[dict, Optional[int]]], *,
-                current: Optional[int] = None, after: int = NO_PROGRESS_AFTER) -> Optional[Anomaly]:
-    """``no_progress`` when the last ``after`` relaunches all began at the same checkpoint step.
-
-    ``starts_and_checkpoint_steps``: one (start record, step) per attempt, oldest first; step is
-    where that attempt began (the checkpoint it resumed from, or its first logged step: one
-    measure throughout), None when it logged nothing. The first attempt is the launch, the
-    others relaunches; a relaunch with None began nowhere visible and counts as no progress.
-    ``current``: the same measure now (the latest checkpoint's step), when known: a last attempt
-    that moved it made progress."""
-    relaunches = [step for _start, step in list(starts_and_checkpoint_steps)[1:]]
-    if len(relaunches) < after:
-        return None
-    known = {s for s in relaunches[-after:] if s is not None}
-    if len(known) > 1:
-        return None
-    step = known.pop() if known else None
-    if current is not None and step is not None and current != step:
-        return None
-    return anomaly("no_progress", f"relaunches without the checkpoint step moving = {after} >= {after}",
-                   step or 0, "Stop relaunching: read the last error in check-in, fix its cause or ask the user, "
-                   "then relaunch once")
+        name = f.partition("=")[0]
+        if relaunch and name in ATTEMPT_FLAGS:
+            skip = "=" not in f
+            continue
+        kept.append(f)
+    extra = ["--slurm-job", str(slurm_job)] if slurm_job else []
+    return shlex.join([exe, str(BUNDLE / "scripts" / "watchdog.py"), os.path.abspath(run_dir), *kept, *extra])

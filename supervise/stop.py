@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .cli import EXIT_ANOMALY, EXIT_OK, EXIT_USAGE, Parser, UsageError, duration, run_dir_arg
-from .launch import LAUNCH, SAME_PROCESS_S, on_this_host, read_launch, update_launch
-from .probes import process
+from .launch import LAUNCH, on_this_host, read_launch, update_launch
+from .probes import process, same_process
 
 GRACE_S = 30.0
 KILL_WAIT_S = 10.0   # after SIGKILL: only a process stuck in the kernel (state D) takes longer
@@ -68,10 +68,10 @@ def _wait_gone(pgid: int, seconds: float, clock) -> bool:
         time.sleep(TICK_S)
 
 
-def stop(run_dir, grace_s: float = GRACE_S, *, clock=time.monotonic) -> Stopped:
+def stop(run_dir, grace_s: float = GRACE_S, *, by: str = "stop.py", clock=time.monotonic) -> Stopped:
     """Stop the run launched in ``run_dir``: SIGTERM to its process group, up to ``grace_s`` for
-    it to end, then SIGKILL. UsageError when there is no launch record, when it was launched on
-    another host, or when this user may not signal it."""
+    it to end, then SIGKILL; ``by`` is recorded as who stopped it. UsageError when there is no
+    launch record, when it was launched on another host, or when this user may not signal it."""
     run = Path(run_dir)
     rec = read_launch(run)
     if rec is None:
@@ -81,12 +81,10 @@ def stop(run_dir, grace_s: float = GRACE_S, *, clock=time.monotonic) -> Stopped:
     who = f"pid {pid} (group {pgid})"
     if not on_this_host(rec):
         raise UsageError(f"{who} was launched on {rec['host']}, not on {socket.gethostname()}: run stop.py there")
-    leader = process(pgid)
-    recycled = (leader.alive and pgid == pid and rec["create_time"] is not None and leader.create_time is not None
-                and abs(leader.create_time - rec["create_time"]) > SAME_PROCESS_S)
+    recycled = pgid == pid and process(pid).alive and not same_process(pid, rec["create_time"])
     if recycled or not group_pids(pgid):
         return Stopped(EXIT_OK, f"{who} is already gone; nothing to stop")
-    stop_rec = {"requested_at": time.time(), "by": "stop.py", "grace_s": grace_s}
+    stop_rec = {"requested_at": time.time(), "by": by, "grace_s": grace_s}
     note = ""
     try:
         update_launch(run, stop=stop_rec)
@@ -119,6 +117,25 @@ def stop(run_dir, grace_s: float = GRACE_S, *, clock=time.monotonic) -> Stopped:
         return Stopped(EXIT_ANOMALY, f"{who}: {steps}, still running {took:.1f}s later (a process stuck in the "
                                      f"kernel?); see ps -g {pgid}{note}")
     return Stopped(EXIT_OK, f"stopped {who}: {steps}, exited after {took:.1f}s{note}")
+
+
+def stop_pids(pids: list[int], grace_s: float = GRACE_S, *, clock=time.monotonic) -> list[int]:
+    """SIGTERM each of ``pids`` (processes not started by the launcher: no group of their own to
+    signal), up to ``grace_s`` for them to end, then SIGKILL; the pids still alive after that."""
+    def alive():
+        return [p for p in pids if process(p).alive]
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, KILL_WAIT_S)):
+        for p in alive():
+            try:
+                os.kill(p, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        end = clock() + wait
+        while alive() and clock() < end:
+            time.sleep(TICK_S)
+        if not alive():
+            return []
+    return alive()
 
 
 def build_parser() -> Parser:

@@ -9,82 +9,33 @@ Check-in, smoke and plot call ``engine.assess(run_dir)``: the same observer and 
 """
 from __future__ import annotations
 
+import argparse
+import contextlib
 import dataclasses
 import os
 import signal
+import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
 from . import registry
 from . import slurm as sl
-from .cli import EXIT_USAGE, Parser, count, duration, fraction, positive_float, positive_int, run_dir_arg
-from .contract import LOG, METRICS, SENTINEL, WATCHDOG_STATE, atomic_write_json, is_number, why_unreadable, \
+from .cli import EXIT_USAGE, Parser, UsageError, count, duration, fraction, positive_float, positive_int, run_dir_arg
+from .contract import LOG, METRICS, SENTINEL, WATCHDOG_STATE, atomic_write_json, read_json, why_unreadable, \
     why_unwritable
 from .engine import Observer
 from .judge import judge
 from .launch import run_on_exit
 from .observation import Verdict
+from .probes import process
 from .rules import Thresholds
+from .state import WatchState
 
-
-def _typed(value, kind, default=None):
-    """``value`` when it is a ``kind`` (bool never counts as a number), else ``default``."""
-    if kind in (int, float):
-        return value if is_number(value) and (kind is float or float(value).is_integer()) else default
-    return value if isinstance(value, kind) else default
-
-
-@dataclass
-class WatchState:
-    """What ``watchdog.json`` holds: written atomically each poll, read by check-in."""
-
-    run_dir: str = ""
-    watchdog_pid: Optional[int] = None
-    started: Optional[float] = None
-    last_poll: Optional[float] = None
-    polls: int = 0
-    poll_interval: Optional[float] = None
-    state: str = "watching"
-    kind: Optional[str] = None
-    message: Optional[str] = None
-    step: int = 0
-    total_steps: Optional[int] = None
-    run_id: Optional[str] = None
-    attempt: Optional[int] = None
-    records: dict = field(default_factory=dict)
-    pids: list = field(default_factory=list)
-    gpu: object = None
-    warnings: list = field(default_factory=list)
-    slurm_job: Optional[str] = None
-    slurm_state: Optional[str] = None
-    thresholds: dict = field(default_factory=dict)
-    argv: list = field(default_factory=list)   # the watchdog's flags after RUN_DIR
-
-    def to_json(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-
-    @classmethod
-    def from_json(cls, obj) -> Optional["WatchState"]:
-        """A watchdog.json as read from disk; None when it is not an object. Wrong-typed
-        fields take their defaults: the file is input, not trusted."""
-        if not isinstance(obj, dict):
-            return None
-        types = {"run_dir": str, "watchdog_pid": int, "started": float, "last_poll": float, "polls": int,
-                 "poll_interval": float, "state": str, "kind": str, "message": str, "step": int,
-                 "total_steps": int, "run_id": str, "attempt": int, "records": dict, "pids": list,
-                 "warnings": list, "thresholds": dict, "slurm_job": str, "slurm_state": str, "argv": list}
-        out = cls()
-        for name, kind in types.items():
-            default = getattr(out, name)
-            setattr(out, name, _typed(obj.get(name), kind, default))
-        out.gpu = obj.get("gpu") if isinstance(obj.get("gpu"), (str, list)) else None
-        out.pids = [p for p in out.pids if isinstance(p, dict)]
-        out.warnings = [w for w in out.warnings if isinstance(w, str)]
-        out.argv = [a for a in out.argv if isinstance(a, str)]
-        return out
+WATCHDOG_LOG = "watchdog.log"
+LOCK = ".watchdog.lock"
+BUNDLE = Path(__file__).resolve().parents[1]
 
 
 class Watchdog:
@@ -97,7 +48,9 @@ class Watchdog:
         self.verdict = Verdict("watching")
         self.save_error = ""
         self.argv: tuple = ()   # the flags this watchdog was started with (check-in offers them again)
+        self.ended_by: Optional[str] = None
         self._thresholds = dataclasses.asdict(thresholds)
+        self._me = process(os.getpid()).create_time
 
     def poll(self) -> Verdict:
         self.verdict = judge(self.observer.observe(), self.th)
@@ -108,6 +61,7 @@ class Watchdog:
         o = self.observer
         self.verdict = Verdict("stopped", f"STOPPED: watchdog ended by {signame} after {o.polls} polls; "
                                           f"no anomaly seen up to step {o.run.last_step}", headline="STOPPED")
+        self.ended_by = signame
         self.save()
         return self.verdict
 
@@ -128,7 +82,8 @@ class Watchdog:
             gpu=list(obs.gpu_lines) if obs else None,
             warnings=[w.message for w in v.warnings] + list(v.notes),
             slurm_job=o.slurm_job, slurm_state=obs.slurm.state if obs and obs.slurm else None,
-            thresholds=self._thresholds, argv=list(self.argv))
+            thresholds=self._thresholds, argv=list(self.argv), watchdog_create_time=self._me,
+            launch_pid=(o.launch_record() or {}).get("pid"), headline=v.headline or None, ended_by=self.ended_by)
 
     def save(self) -> None:
         try:
@@ -184,8 +139,8 @@ def run(watcher: Watchdog, out=None, on_exit: Optional[str] = None) -> int:
         except (BrokenPipeError, OSError):
             pass  # whoever read stdout is gone; the verdict is in watchdog.json all the same
         if on_exit:
-            run_on_exit(on_exit, line=verdict.line, kind=verdict.kind,
-                        code=verdict.code, run_dir=watcher.run_dir)
+            run_on_exit(on_exit, line=verdict.line, kind=verdict.kind, code=verdict.code, run_dir=watcher.run_dir,
+                        headline=verdict.headline)
     finally:
         for s, h in old.items():
             signal.signal(s, h)
@@ -237,6 +192,11 @@ def build_parser() -> Parser:
                    help="a shell command run once, detached, when the watchdog ends, with SUPERVISE_VERDICT, "
                         "SUPERVISE_KIND, SUPERVISE_EXIT_CODE, SUPERVISE_RUN_DIR, SUPERVISE_SESSION_ID set "
                         "(references/session.md)")
+    p.add_argument("--detach", action="store_true",
+                   help="start the watchdog detached (its own session, stdin /dev/null, its line appended to "
+                        f"RUN_DIR/{WATCHDOG_LOG}) and return at once: for a session that ends (claude -p), with "
+                        "--on-exit to wake whoever is there; check-in's next: lines keep it")
+    p.add_argument("--detached", action="store_true", help=argparse.SUPPRESS)  # the detached child itself
     p.add_argument("--sentinel", default=SENTINEL, metavar="NAME", type=sentinel_name,
                    help=f"completion sentinel, a file name in RUN_DIR [default: {SENTINEL}]")
     for name, default, unit, doc, is_duration in Thresholds.describe():
@@ -295,9 +255,84 @@ def main(argv=None, gpu=None) -> int:
         if job.error:
             print(f"watchdog.py: error: {job.error}", file=sys.stderr)
             return EXIT_USAGE
-    watcher = Watchdog(run_dir, th, pids=args.pid, log=log, sentinel=args.sentinel, gpu=gpu,
-                       num_labels_given="num_labels" in given, slurm_job=args.slurm_job,
-                       checkpoint_dirs=tuple(args.checkpoint_dir))
-    watcher.argv = tuple(sys.argv[2:] if argv is None else argv[1:])
-    registry.register(run_dir, os.getpid(), args.pid)
-    return run(watcher, on_exit=args.on_exit)
+    flags = list(sys.argv[1:] if argv is None else argv)
+    flags.remove(args.run_dir)
+    flags = ["--detach" if f == "--detached" else f for f in flags]  # what check-in offers again
+    try:
+        if args.detach and not args.detached:
+            return detach(run_dir, flags)
+        with sole_watchdog(run_dir):
+            watcher = Watchdog(run_dir, th, pids=args.pid, log=log, sentinel=args.sentinel, gpu=gpu,
+                               num_labels_given="num_labels" in given, slurm_job=args.slurm_job,
+                               checkpoint_dirs=tuple(args.checkpoint_dir))
+            watcher.argv = tuple(flags)
+            registry.register(run_dir, os.getpid(), args.pid)
+            return run(watcher, on_exit=args.on_exit)
+    except UsageError as e:
+        print(f"watchdog.py: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _holder(run_dir: Path) -> str:
+    """Who holds the watch: 'watchdog pid N, last poll Xs ago' as far as the files say."""
+    try:
+        pid = int((run_dir / LOCK).read_text().strip() or 0)
+    except (OSError, ValueError):
+        pid = 0
+    wd = WatchState.from_json(read_json(run_dir / WATCHDOG_STATE))
+    ago = f", last poll {time.time() - wd.last_poll:.0f}s ago" if wd and wd.last_poll and wd.watchdog_pid == pid else ""
+    return f"watchdog pid {pid}{ago}" if pid else "another watchdog"
+
+
+@contextlib.contextmanager
+def sole_watchdog(run_dir: Path):
+    """Hold ``RUN_DIR/.watchdog.lock`` while watching, its pid inside: one watchdog per run, so a
+    watchdog line given twice never makes two (nor two wakes, two resumed conversations). The
+    kernel drops the lock when the process ends, however it ends. UsageError when it is held."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock
+        yield
+        return
+    try:
+        f = open(run_dir / LOCK, "a+")
+    except OSError as e:
+        raise UsageError(f"cannot open {run_dir / LOCK} ({e.strerror or e}); pass a run folder the watchdog can write")
+    try:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise UsageError(f"{run_dir} is already watched by {_holder(run_dir)}: check in (checkin.py "
+                             f"{run_dir}) instead of starting a second watchdog")
+        f.seek(0)
+        f.truncate()
+        f.write(f"{os.getpid()}\n")
+        f.flush()
+        yield
+    finally:
+        f.close()
+
+
+def detach(run_dir: Path, flags: list) -> int:
+    """Start this watchdog again as a detached process (own session, stdin /dev/null, output
+    appended to RUN_DIR/watchdog.log), wait until it holds the watch, print one line."""
+    with sole_watchdog(run_dir):
+        pass  # refuse now, in the caller's terminal, when another watchdog holds the run
+    argv = [sys.executable, "-u", str(BUNDLE / "scripts" / "watchdog.py"), str(run_dir),
+            *["--detached" if f == "--detach" else f for f in flags]]
+    with open(run_dir / WATCHDOG_LOG, "ab") as out:
+        child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                 start_new_session=True, close_fds=True)
+    end = time.monotonic() + 20
+    while time.monotonic() < end and child.poll() is None:
+        with contextlib.suppress(OSError, ValueError):
+            if int((run_dir / LOCK).read_text().strip() or 0) == child.pid:
+                break
+        time.sleep(0.02)
+    if child.poll() is not None:
+        said = (run_dir / WATCHDOG_LOG).read_bytes().decode(errors="replace").strip().splitlines()
+        last = said[-1] if said else f"exit {child.returncode}"
+        raise UsageError(f"the detached watchdog ended at once: {last.removeprefix('watchdog.py: error: ')}")
+    print(f"watchdog pid {child.pid} detached: it watches {run_dir}; its line goes to {run_dir / WATCHDOG_LOG}, "
+          "its state to watchdog.json; check in with checkin.py", flush=True)
+    return 0

@@ -65,7 +65,8 @@ def test_the_launcher_returns_at_once_and_the_trainer_runs_detached(work):
     keeps_writing(run / "metrics.jsonl")
     raw = json.loads((run / LAUNCH).read_text())
     assert rec == {**raw, "stop": None, "stopped_at": None} and set(raw) == {"pid", "pgid", "sid", "host", "create_time", "launched_at", "argv", "cwd",
-                                       "window_s", "session_id", "log", "run_dir", "earlier"}
+                                       "window_s", "session_id", "log", "run_dir", "earlier", "env", "replaced",
+                                       "on_exit"}
     assert rec["pgid"] == rec["sid"] == rec["pid"] != os.getsid(0)  # its own session and group
     assert rec["host"] == socket.gethostname() and rec["cwd"] == str(work) and rec["window_s"] == 8 * 3600
     assert rec["argv"] == trainer_argv("runs/a") and rec["session_id"] == "sess-1234" and rec["earlier"] == []
@@ -357,13 +358,14 @@ REC = {"pid": 4242, "pgid": 4242, "sid": 4242, "host": "h", "create_time": 1.5, 
        "run_dir": "/w/r"}
 
 
+UNSET = {"stop": None, "stopped_at": None, "earlier": None, "env": None, "replaced": None, "on_exit": None}
+
+
 @pytest.mark.parametrize("raw,expect", [
-    (REC, {**REC, "stop": None, "stopped_at": None, "earlier": None}),
-    ({**REC, "create_time": "yesterday", "window_s": True, "session_id": 5, "pgid": -1},
-     {**REC, "create_time": None, "window_s": None, "session_id": None, "pgid": None, "stop": None, "stopped_at": None,
-      "earlier": None}),
-    ({**REC, "stop": {"by": "stop.py"}, "stopped_at": 3}, {**REC, "stop": {"by": "stop.py"}, "stopped_at": 3.0,
-                                                           "earlier": None}),
+    (REC, {**REC, **UNSET}),
+    ({**REC, "create_time": "yesterday", "window_s": True, "session_id": 5, "pgid": -1, "env": "X=1", "on_exit": {}},
+     {**REC, **UNSET, "create_time": None, "window_s": None, "session_id": None, "pgid": None}),
+    ({**REC, "stop": {"by": "stop.py"}, "stopped_at": 3}, {**REC, **UNSET, "stop": {"by": "stop.py"}, "stopped_at": 3.0}),
     ({**REC, "pid": "4242"}, None), ({**REC, "pid": 0}, None), ({**REC, "pid": True}, None),
     ({**REC, "argv": []}, None), ({**REC, "argv": ["python", 3]}, None), ({**REC, "argv": "python train.py"}, None),
     ({k: v for k, v in REC.items() if k != "launched_at"}, None), ([REC], None), ("launch", None), (None, None),

@@ -11,8 +11,9 @@ import pytest
 
 from conftest import ROOT
 from supervise import guard, recovery
-from supervise.recovery import no_progress, relaunch_line, relaunch_plan, watchdog_line
-from supervise.rules import KINDS
+from supervise.judge import no_progress
+from supervise.recovery import relaunch_line, relaunch_plan, watchdog_line
+from supervise.rules import KINDS, RecordRules
 
 START = {"event": "start", "t": 0, "pid": 1, "run_id": "a" * 32, "attempt": 1, "world_size": 1,
          "argv": ["train_torch.py", "--out", "runs/a", "--lr", "0.01"], "cwd": "/work/my proj"}
@@ -23,10 +24,9 @@ def start(argv, **kw):
 
 
 def words(line):
-    """The launch's words between the environment and the redirection."""
+    """The training command: the launcher's words after --."""
     w = shlex.split(line)
-    i = w.index("-u") - 1
-    return w[i:w.index(">>")]
+    return w[w.index("--") + 1:]
 
 
 TEMPLATE = {"resume": ["--resume"]}  # what the templates declare (+ checkpoint_dir, flags)
@@ -168,7 +168,7 @@ def test_an_explicit_checkpoint_wins_and_lightnings_recipe_is_a_variable(tmp_pat
     s = start(["lit.py", "--out", "r"], resume=[], resume_env={"SUPERVISE_CKPT_PATH": "{checkpoint}"},
               checkpoint_dir=[str(lit)])
     line, note = relaunch_plan(s, "dead", tmp_path)
-    assert f"SUPERVISE_CKPT_PATH={lit / 'last.ckpt'} " in line and words(line) == ["python", "-u", "lit.py", "--out", "r"]
+    assert f"--env=SUPERVISE_CKPT_PATH={lit / 'last.ckpt'} " in line and words(line) == ["python", "-u", "lit.py", "--out", "r"]
     assert note == f"resumes from {lit / 'last.ckpt'}"
 
 
@@ -220,18 +220,20 @@ def test_a_slurm_job_is_resubmitted_with_its_resources(tmp_path):
     assert guard.decide(guard.Call(tool="Bash", command=line, background=False, cwd=str(tmp_path), env={})) is None
 
 
-def test_the_line_has_the_launch_shape(tmp_path):
+def test_the_line_goes_through_the_launcher(tmp_path):
+    """Every attempt is a launch: cd CWD && PY scripts/launch.py RUN --replace [--window] -- CMD."""
     run = tmp_path / "my run"
-    line = relaunch_line(START, "dead", run)
+    line = relaunch_line(START, "dead", run, window_s=8 * 3600)
     q = shlex.quote
     assert "\n" not in line
-    assert line.startswith(f"cd {q(START['cwd'])} && mkdir -p {q(str(run))} && PYTHONUNBUFFERED=1 ")
-    assert line.endswith(f">> {q(str(run / 'train.log'))} 2>&1")
-    for k, v in guard.QUIET.items():
-        assert f"{k}={v}" in line
-    # a relative run directory is made absolute: the line begins with a cd
+    w = shlex.split(line)
+    assert line.startswith(f"cd {q(START['cwd'])} && ")
+    assert w[3:9] == [sys.executable, str(ROOT / "scripts" / "launch.py"), str(run), "--replace", "--window", "28800s"]
+    assert words(line) == ["python", "-u", "train_torch.py", "--out", "runs/a", "--lr", "0.01"]
+    assert ">>" not in w and "PYTHONUNBUFFERED=1" not in w  # the launcher appends to train.log and sets them
+    # a relative run directory is made absolute
     rel = relaunch_line(START, "dead", "runs/a")
-    assert f"mkdir -p {q(str((__import__('pathlib').Path.cwd() / 'runs/a')))}" in rel
+    assert f" {q(str(__import__('pathlib').Path.cwd() / 'runs/a'))} --replace " in rel
 
 
 @pytest.mark.parametrize("kind", ["dead", "oom", "nan", "stall", None])
@@ -239,11 +241,12 @@ def test_the_line_has_the_launch_shape(tmp_path):
 def test_the_line_passes_the_launch_guard(kind, world, tmp_path):
     (tmp_path / "hparams.json").write_text(json.dumps({"batch_size": 16, "grad_accum": 1, "lr": 0.01}))
     line = relaunch_line(start(["train_hf.py", "--out", str(tmp_path)], world_size=world), kind, tmp_path)
-    call = guard.Call(tool="Bash", command=line, background=True, cwd=str(tmp_path), env={})
-    assert guard.decide(call) is None, guard.decide(call)
-    # and the same command without the environment is refused: the check can fail
-    bare = line.replace("PYTHONUNBUFFERED=1 ", "").replace(" -u ", " ")
-    assert guard.decide(guard.Call(tool="Bash", command=bare, background=True, cwd=str(tmp_path), env={}))
+    for background in (True, False):
+        call = guard.Call(tool="Bash", command=line, background=background, cwd=str(tmp_path), env={})
+        assert guard.decide(call) is None, guard.decide(call)
+    # and its training command run raw in the background is refused: the check can fail
+    bare = shlex.join(words(line)) + f" >> {tmp_path}/train.log 2>&1 &"
+    assert guard.decide(guard.Call(tool="Bash", command=bare, background=False, cwd=str(tmp_path), env={}))
 
 
 def test_the_watchdog_line_runs_the_bundles_watchdog(tmp_path):
@@ -282,11 +285,14 @@ def test_recovery_imports_neither_torch_nor_pandas():
     assert p.stdout.strip() == "[]", p.stderr
 
 
-def test_began_at_reads_each_attempts_first_step_from_the_records():
-    recs = [{"event": "start", "attempt": 1}, {"step": 10, "loss": 0.7}, {"step": 20, "eval_auroc": 0.6},
-            {"step": 20, "loss": 0.6}, {"event": "start", "attempt": 2}, {"step": 30, "loss": 0.5},
-            {"event": "start", "attempt": 3}, {"step": 25, "FATAL": "boom"},
-            {"event": "start", "attempt": 4}, "torn", {"step": 30, "loss": 0.5}]
-    got = recovery.began_at(recs)
+def test_the_attempts_begin_at_each_ones_first_step_record():
+    recs = [{"event": "start", "attempt": 1}, {"step": 10, "t": 1, "loss": 0.7}, {"step": 20, "eval_auroc": 0.6},
+            {"step": 20, "t": 2, "loss": 0.6}, {"event": "start", "attempt": 2}, {"step": 30, "t": 1, "loss": 0.5},
+            {"event": "start", "attempt": 3}, {"step": 25, "t": 1, "FATAL": "boom"},
+            {"event": "start", "attempt": 4}, {"step": 30, "t": 1, "loss": 0.5}]
+    rules = RecordRules()
+    for rec in recs:
+        rules.add(rec)
+    got = [tuple(a) for a in rules.attempts]
     assert [(s["attempt"], step) for s, step in got] == [(1, 10), (2, 30), (3, None), (4, 30)]
     assert no_progress(got) is not None and no_progress(got[:3]) is None

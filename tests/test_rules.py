@@ -1,12 +1,13 @@
 """The rules: record sequences and the exact step each record rule fires at; the process rules
 as pure functions of one Window; precedence; one message shape; the healthy look-alikes."""
+import dataclasses
 import math
 import re
 
 import pytest
 
 from supervise.judge import BY_KIND, RULES, judge
-from supervise.observation import Observation, Proc, Records, frozen
+from supervise.observation import Observation, Proc, Records, WatchdogSeen, frozen
 from supervise.rules import KINDS, RECORD_RULES, Anomaly, RecordRules, Thresholds
 
 TH = Thresholds()
@@ -150,6 +151,8 @@ def gone(pid=1, why="start record", **kw):
 
 
 NOBODY = dict(processes=(), visibility="nothing writes train.log and no --pid was given")
+ENDED = WatchdogSeen(pid=42, alive=False, state="anomaly", ended=True, same_attempt=True, kind="nan", step=60,
+                     message="ANOMALY nan: loss = nan is not finite at step 60. Abort.")
 
 # (what holds, the observation, the kind judge must report)
 JUDGED = [
@@ -176,7 +179,10 @@ JUDGED = [
     ("a first hit beats a later sentinel", obs(gone(), records=Records(hits=frozen({"nan": Anomaly(
         "nan", 60, "ANOMALY nan: loss = nan is not finite at step 60. Abort.")})), sentinel=frozen({"x": 1}),
         sentinel_mtime=999.0), "nan"),
-    ("a watchdog's earlier verdict of this run", obs(watchdog_said=Anomaly("nan", 60, "ANOMALY nan: ...")), "nan"),
+    ("a watchdog's earlier verdict of this run", obs(watchdog=ENDED), "nan"),
+    ("three relaunches from one checkpoint, the last dead", obs(gone(), records=Records(
+        start=STEPS.start, last_step=50, n_steps=5, attempts=((STEPS.start, 10), (STEPS.start, 60),
+                                                             (STEPS.start, 60), (STEPS.start, 60)))), "no_progress"),
 ]
 
 
@@ -215,6 +221,14 @@ HEALTHY = [
     ("sentinel written and the trainer exited", obs(gone(), sentinel=frozen({"acc": 1.0}), sentinel_mtime=999.0),
      "done", "DONE"),
     ("history at attach, inside the relaunch grace", obs(gone(), hold_for=1.5), "watching", "RUNNING healthy"),
+    ("a watchdog's verdict of an earlier attempt", obs(watchdog=dataclasses.replace(ENDED, same_attempt=False)),
+     "watching", "RUNNING healthy"),
+    ("a watchdog ended by a signal", obs(watchdog=dataclasses.replace(ENDED, ended=False, state="stopped",
+                                                                     ended_by="SIGTERM")), "watching", "RUNNING healthy"),
+    ("three relaunches from one checkpoint, the last healthy", obs(records=Records(
+        start=STEPS.start, last_step=50, n_steps=5, attempts=((STEPS.start, 10), (STEPS.start, 60),
+                                                             (STEPS.start, 60), (STEPS.start, 60)))),
+     "watching", "RUNNING healthy"),
 ]
 
 

@@ -270,7 +270,7 @@ def test_checkin_prints_the_relaunch_line_and_the_watchdog_line(tmp_path):
     nxt = [ln[len("next: "):] for ln in lines if ln.startswith("next: ")]
     assert len(nxt) == 2, out
     assert nxt[0].startswith(f"cd {tmp_path} && ") and "--lr 0.005" in nxt[0] and "--resume" in nxt[0], nxt[0]
-    assert nxt[0].endswith(f">> {run}/train.log 2>&1") and "\n" not in nxt[0]
+    assert f"/scripts/launch.py {run} --replace -- " in nxt[0] and "\n" not in nxt[0]  # through the launcher
     assert "watchdog.py" in nxt[1] and str(run) in nxt[1]
 
 
@@ -279,8 +279,10 @@ def test_three_relaunches_from_the_same_checkpoint_are_no_progress(tmp_path):
     run.mkdir()
     step = '{"step": %d, "t": 1, "loss": 0.5, "lr": 0.01, "grad_norm": 1.0, "sps": 10}\n'
     text = '{"event": "start", "t": 0, "attempt": 1}\n' + step % 10 + step % 500
-    for attempt in (2, 3, 4):
-        text += '{"event": "start", "t": 0, "attempt": %d}\n' % attempt + step % 510
+    for attempt in (2, 3, 4):  # each relaunch resumed at the same checkpoint and crashed (its FATAL) past it
+        text += '{"event": "start", "t": 0, "attempt": %d}\n' % attempt + step % 510 + \
+            '{"step": 515, "t": 1, "FATAL": "ValueError: bad batch"}\n'
     (run / "metrics.jsonl").write_text(text)
     rc, out, err = run_script("watchdog.py", run, *FAST, "--orphan-grace", "30", timeout=60)
-    assert rc == 7 and out.startswith("ANOMALY no_progress: relaunches without the checkpoint step moving = 3"), out + err
+    assert rc == 7 and out.startswith("ANOMALY no_progress: relaunches without the checkpoint step moving = 3 >= 3 "
+                                      "(the last ended in fatal) at step 510"), out + err
