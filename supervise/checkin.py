@@ -158,6 +158,8 @@ def gather(run_dir: Path, k: int = 5, now: Optional[float] = None, gpu=None) -> 
             "cpu_percent": info.cpu_percent if info else None,
             "rss_mb": info.rss / 2**20 if info and info.rss else None},
         "next": _next(run_dir, obs, verdict),
+        "launches": 1 + len((obs.launch or {}).get("earlier") or []) if obs.launch else None,
+        "wakes": len((obs.launch or {}).get("on_exit") or []) if obs.launch else None,
         "ranks": rank_lines(obs.ranks, now, obs.rank_procs) if len(obs.ranks) > 1 else [],
         "slurm": None if obs.slurm is None else (obs.slurm.error or f"job {obs.slurm.job_id} {obs.slurm.state}"
                                                  + (f" on {obs.slurm.nodes}" if obs.slurm.nodes else "")),
@@ -191,7 +193,10 @@ def render(f: dict, limit: int = LIMIT) -> str:
     prog = (f"attempt {f['attempt']}, " if f.get("attempt") else "") + f"step {f['step']}" + (f"/{total} ({100 * f['step'] / total:.0f}%)" if is_number(total) and total else "")
     prog += f", elapsed {_age(f['elapsed_s'])}" if f["elapsed_s"] is not None else ""
     prog += f", ETA {_age(f['eta_s'])}" if f["eta_s"] is not None else ""
+    if f.get("launches"):
+        prog += f"; launch {f['launches']} of this folder" + (f", {f['wakes']} on-exit wakes sent" if f.get("wakes") else "")
     body = [prog, f"time limit: {f['time_limit']}"] if f.get("time_limit") else [prog]
+    body.append(_watchdog_line(f["watchdog"]))
     if f["steps"]:
         body.append(f"{'step':>7} {'loss':>8} {'lr':>9} {'grad':>8} {'sps':>8}")
         for r in f["steps"]:
@@ -205,7 +210,6 @@ def render(f: dict, limit: int = LIMIT) -> str:
         body.append(f"eval @{e.get('step')}: {metrics}"
                     + (f"; best auroc={_g(b.get('eval_auroc'))} @{b.get('step')}" if b else "")
                     + ("; auroc trend " + " ".join(_g(x, 3) for x in f["auroc_trend"]) if f["auroc_trend"] else ""))
-    body.append(_watchdog_line(f["watchdog"]))
     body += f.get("ranks") or []
     if f.get("slurm"):
         body.append(f"slurm: {f['slurm'][:200]}")
@@ -297,7 +301,8 @@ def bounded_json(facts: dict, limit: int = LIMIT) -> str:
         while len(text) > limit and isinstance(facts.get(name), list) and facts[name]:
             facts[name] = facts[name][1:]
             text = json.dumps(facts, default=str)
-    for name in ("final", "best_eval", "eval", "last_error", "watchdog_message", "process", "watchdog"):
+    for name in ("final", "best_eval", "eval", "loss_trend", "slurm", "disk", "resume", "process", "watchdog",
+                 "last_error", "notes", "watchdog_message"):  # the verdict's own line goes last
         if len(text) <= limit:
             break
         facts[name] = None

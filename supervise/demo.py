@@ -1,7 +1,7 @@
 """The procedure end to end on the shipped task, each step through the real script: bench, audit
 (a small code corpus cut from this Python's standard library, with broken rows), smoke, the
-one-line background launch of the torch template, the watchdog beside it, check-ins while it
-runs, the PNG, and the watchdog's final line. ``--fault dead|nan|inverted`` injects a real fault
+detached launch of the torch template through the launcher (as SKILL.md step 5 says), the
+watchdog beside it, check-ins while it runs, the PNG, and the watchdog's final line. ``--fault dead|nan|inverted`` injects a real fault
 (SIGKILL, a diverging learning rate, flipped eval labels) and shows the watchdog's exit 7."""
 from __future__ import annotations
 
@@ -18,7 +18,9 @@ from .cli import EXIT_ANOMALY, EXIT_OK, EXIT_USAGE, Parser, UsageError, duration
 from .checkin import summary
 from .contract import METRICS, SENTINEL, is_finite, read_json
 from .guard import QUIET as GUARD_QUIET
+from .launch import launch_alive, read_launch
 from .plot import plot as plot_png
+from .stop import stop
 
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE = "train_torch.py"
@@ -135,13 +137,13 @@ def main(argv=None) -> int:
         say("smoke failed: stop here, as the procedure says")
         return EXIT_ANOMALY
     extra = {"nan": ["--lr", "1e4"], "inverted": flipped_data(run_dir)}.get(a.fault, [])
-    cmd = [py, "-u", template, "--out", str(run_dir), *extra]
-    say(f"4. launch, one line: mkdir -p {run_dir} && PYTHONUNBUFFERED=1 " + " ".join(f"{k}={v}" for k, v in QUIET.items()
-        if k != "PYTHONUNBUFFERED") + " " + " ".join(cmd) + f" > {run_dir}/train.log 2>&1")
-    with open(run_dir / "train.log", "wb") as log:
-        trainer = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **QUIET})
-    wd_cmd = [sys.executable, "-u", str(ROOT / "scripts" / "watchdog.py"), str(run_dir), "--pid", str(trainer.pid),
-              "--poll", _seconds(a.poll)]
+    cmd = [py, str(scripts / "launch.py"), str(run_dir), "--window", window, "--", py, "-u", template,
+           "--out", str(run_dir), *extra]
+    if step("4-5. launch, one line, detached", cmd) != 0:
+        say("the launcher refused: stop here")
+        return EXIT_ANOMALY
+    trainer = read_launch(run_dir)["pid"]
+    wd_cmd = [py, "-u", str(scripts / "watchdog.py"), str(run_dir), "--poll", _seconds(a.poll)]
     say("6. watchdog: " + " ".join(wd_cmd))
     watchdog = subprocess.Popen(wd_cmd, stdout=subprocess.PIPE, text=True)
     killed = False
@@ -153,16 +155,16 @@ def main(argv=None) -> int:
             say("7. check-in:\n" + summary(run_dir))
             metrics = run_dir / METRICS
             if a.fault == "dead" and not killed and metrics.exists() and b"eval_auroc" in metrics.read_bytes():
-                say(f"fault: kill -9 {trainer.pid}")
-                trainer.send_signal(signal.SIGKILL)
-                trainer.wait()  # reaped, as a shell reaps its job: gone, not a zombie of the demo
+                say(f"fault: kill -9 {trainer}")
+                os.kill(trainer, signal.SIGKILL)  # detached: init reaps it, as after a real kill
                 killed = True
         verdict = watchdog.stdout.read().strip()
     finally:
-        for proc in (trainer, watchdog):
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
+        if watchdog.poll() is None:
+            watchdog.kill()
+        watchdog.wait()
+        if launch_alive(read_launch(run_dir)):
+            stop(run_dir, grace_s=5.0)
     say(f"watchdog exited {watchdog.returncode}: {verdict}")
     say(f"snapshot: {plot_png(run_dir)}")
     final = read_json(run_dir / SENTINEL)

@@ -1,4 +1,5 @@
 import json
+import re
 import subprocess
 import sys
 import time
@@ -74,3 +75,17 @@ def start_script(name, *args, **kw):
 
 def read_json(path):
     return json.loads(Path(path).read_text())
+
+
+def assert_checkin_agrees(run_dir, line: str) -> dict:
+    """Check-in, run after the watchdog ended with ``line``, says the same: the same headline
+    (ANOMALY <kind>, DONE, STOPPED) and, for an anomaly, the same line. Its facts."""
+    rc, out, err = run_script("checkin.py", run_dir, "--json")
+    assert rc == 0, err
+    facts = json.loads(out)
+    m = re.match(r"ANOMALY ([a-z_]+): ", line)
+    want = f"ANOMALY {m[1]}" if m else "DONE" if line.startswith("OK done") else "STOPPED"
+    assert facts["verdict"] == want, (line, out)
+    if m:
+        assert facts["watchdog_message"] == line[:300], (line, out)  # --json cuts a string at 300
+    return facts

@@ -2,7 +2,8 @@
 tool calls a test chooses, so the real hooks fire without a model.
 
 Each request of the agent loop (one that offers tools) gets the next scripted tool call; once
-the script is spent, or for side requests without tools, it answers a short text."""
+the script is spent, ``agent(body)`` (when given) chooses the call from the conversation so far,
+or None; otherwise, and for side requests without tools, it answers a short text."""
 from __future__ import annotations
 
 import json
@@ -11,8 +12,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 class FakeAnthropic:
-    def __init__(self, calls):
+    def __init__(self, calls, agent=None):
         self.calls = list(calls)      # [(tool_name, input_dict)]
+        self.agent = agent            # body -> (tool_name, input_dict) | None, after the calls
         self.requests: list[dict] = []
         self.lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -42,8 +44,13 @@ class FakeAnthropic:
     def _next(self, body):
         with self.lock:
             self.requests.append(body)
+            call = None
             if body.get("tools") and self.calls:
-                name, args = self.calls.pop(0)
+                call = self.calls.pop(0)
+            elif body.get("tools") and self.agent is not None:
+                call = self.agent(body)
+            if call is not None:
+                name, args = call
                 return {"type": "tool_use", "id": f"toolu_{len(self.requests):04d}", "name": name, "input": args}
             return {"type": "text", "text": "done"}
 
@@ -100,3 +107,11 @@ class FakeAnthropic:
                 self.wfile.write(data)
 
         return Handler
+
+
+def text_of(content) -> str:
+    """The text of a message's or a tool result's content (a string, or a list of blocks)."""
+    if isinstance(content, str):
+        return content
+    return "\n".join(text_of(b.get("content", "")) if b.get("type") == "tool_result" else b.get("text", "")
+                     for b in content or [] if isinstance(b, dict))

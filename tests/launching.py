@@ -83,3 +83,16 @@ def end_launched(root: Path) -> None:
                 os.killpg(rec["pgid"] or rec["pid"], signal.SIGKILL)
             except OSError:
                 pass
+
+
+def run_relaunch(line: str, run, *, env=None, timeout: float = 400) -> dict:
+    """A relaunch line as the agent runs it: verbatim, through a shell, which returns at once (the
+    launcher detaches the trainer); then the launched trainer followed to its end. Its record."""
+    import subprocess
+    before = read_launch(run)
+    p = subprocess.run(["bash", "-c", line], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.startswith("launched pid "), p.stdout + p.stderr
+    rec = read_launch(run)
+    assert rec is not None and (before is None or rec["pid"] != before["pid"]), rec
+    wait_for(lambda: not launch_alive(rec), f"the relaunched trainer (pid {rec['pid']}) to end", timeout=timeout)
+    return rec

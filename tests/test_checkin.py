@@ -1,15 +1,20 @@
 """checkin.py over run directories in every state: the verdict line and the 1,500-char bound."""
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
 from conftest import SCRIPTS, run_script
 from supervise import registry
 from supervise.contract import atomic_write_json
+from supervise.observation import Verdict
+from supervise.rules import KINDS, Thresholds, anomaly
+from supervise.watch import Watchdog
 
 STEP = '{"step": %d, "t": %d, "loss": 0.4, "lr": 0.0001, "grad_norm": 1.0, "sps": 100}\n'
 
@@ -162,3 +167,58 @@ def test_checkin_imports_neither_torch_nor_pandas(tmp_path):
             "assert 'torch' not in sys.modules and 'pandas' not in sys.modules") % (str(tmp_path), str(SCRIPTS.parent))
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
+
+
+def ended_watchdog(run, verdict):
+    """The real Watchdog's state file, as a watchdog that judged this run and ended on ``verdict``."""
+    w = Watchdog(run, Thresholds(poll=0.2))
+    w.observer.observe()
+    w.verdict = verdict
+    w.argv = ("--poll", "0.2")
+    w.save()
+
+
+FINAL = [(f"ANOMALY {k}", Verdict("anomaly", f"ANOMALY {k}: what = 1 > 0 at step 50. Fix it.",
+                                  anomaly(k, "what = 1 > 0", 50, "Fix it"), f"ANOMALY {k}")) for k in KINDS]
+FINAL += [("DONE", Verdict("done", "OK done: final_val_metrics.json written at step 300/300", None, "DONE")),
+          ("STOPPED", Verdict("stopped", "STOPPED: pid 7 stopped by stop.py at step 50; no anomaly before it", None,
+                              "STOPPED"))]
+
+
+@pytest.mark.parametrize("headline,verdict", FINAL, ids=[f[0] for f in FINAL])
+def test_checkin_renders_the_verdict_a_watchdog_ended_on(headline, verdict, tmp_path, sleeper):
+    """Whatever kind a watchdog ended with, check-in says the same kind and line while the records
+    are of that attempt, even where its own look would differ (the trainer looks alive and healthy)."""
+    write(tmp_path, start(sleeper.pid).replace('"t": 0', '"t": 0, "run_id": "r1", "attempt": 1') + steps(5))
+    ended_watchdog(tmp_path, verdict)
+    facts = json.loads(run_script("checkin.py", tmp_path, "--json")[1])
+    assert facts["verdict"] == headline and facts["watchdog"]["verdict"] == verdict.line, facts
+    if verdict.state == "anomaly":
+        assert facts["watchdog_message"] == verdict.line
+    # a newer attempt's start record: that verdict is history, check-in judges the new attempt itself
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write(start(sleeper.pid).replace('"t": 0', '"t": 0, "run_id": "r2", "attempt": 2') + STEP % (60, 1))
+    facts = json.loads(run_script("checkin.py", tmp_path, "--json")[1])
+    assert facts["verdict"] == "RUNNING healthy", facts
+
+
+def test_a_watchdog_that_died_is_gone_and_its_line_is_offered_again(tmp_path, sleeper):
+    """A watchdog killed (the OOM killer: exit 137) leaves watchdog.json saying "watching": check-in
+    says it is gone, with the next: line that starts it again with its old flags."""
+    write(tmp_path, start(sleeper.pid) + steps(5))
+    wd = subprocess.Popen([sys.executable, str(SCRIPTS / "watchdog.py"), str(tmp_path), "--poll", "0.2",
+                           "--max-stall", "600", "--on-exit", "echo woke >> woke.txt"], cwd=tmp_path)
+    end = time.time() + 60
+    while not (tmp_path / "watchdog.json").exists() or json.loads((tmp_path / "watchdog.json").read_text())["polls"] < 2:
+        assert time.time() < end and wd.poll() is None
+        time.sleep(0.05)
+    alive = run_script("checkin.py", tmp_path)[1]
+    assert f"watchdog: alive (pid {wd.pid}), watching, last poll " in alive and "next:" not in alive, alive
+    wd.kill()
+    assert wd.wait() == -signal.SIGKILL
+    out = run_script("checkin.py", tmp_path)[1]
+    assert out.startswith("RUNNING healthy"), out
+    assert f"watchdog: gone (pid {wd.pid}, last poll " in out and "nothing will wake you" in out, out
+    (nxt,) = [ln[len("next: "):] for ln in out.splitlines() if ln.startswith("next: ")]
+    assert shlex.split(nxt) == [sys.executable, str(SCRIPTS / "watchdog.py"), str(tmp_path), "--poll", "0.2",
+                                "--max-stall", "600", "--on-exit", "echo woke >> woke.txt"], nxt

@@ -461,6 +461,8 @@ def test_watchdog_on_a_writer_filling_a_48mb_disk(tmpfs, tmp_path, writer, keep,
     assert not failed, w.log_path.read_text()[-2000:]
     if rc == 7:   # before any write failed, the writer still alive
         assert alive and f" on {vol} at step " in out, out
+        from conftest import assert_checkin_agrees
+        assert_checkin_agrees(run, out.strip())
         assert "remaining saves x 6.0 MB (every save kept)" in out or "< next save 6.0 MB x 1.5 margin" in out, out
     else:
         assert w.proc.wait(timeout=30) == 0
@@ -479,7 +481,7 @@ def test_a_crash_on_a_full_disk_is_disk_and_checkin_resumes_from_the_last_whole_
     assert rc == 0 and "ANOMALY disk" in out, out + err
     assert f"resume from: {vol / 'out' / 'checkpoint-10'} (step 10, 6.0 MB, complete)" in out, out
     assert f"  skipped {vol / 'out' / 'checkpoint-20'} (step 20, " in out and "model.safetensors" in out, out
-    assert "next: cd " in out and f"--resume_from_checkpoint {vol / 'out' / 'checkpoint-10'} " in out, out
+    assert "next: cd " in out and f"--resume_from_checkpoint {vol / 'out' / 'checkpoint-10'}\n" in out, out
     rc, out, err = run_script("checkin.py", run, "--json")
     disk = json.loads(out)["disk"]
     assert rc == 0 and disk.startswith("disk: ") and f"free of 10.5 MB on {vol}; 2 checkpoints = 6.0 MB" in disk, disk

@@ -17,7 +17,7 @@ def test_demo(fault, verdict, tmp_path):
     rc, out, err = run_script("demo.py", "--out", tmp_path / "run", "--window", "8h",
                               *(["--fault", fault] if fault else []), timeout=1800)  # a hang bound: ~13 min with both cores busy
     assert rc == 0, out[-3000:] + err[-2000:]
-    for mark in ("1. bench", "FITS", "2. audit", "kept", "3. smoke", "SMOKE PASSED", "4. launch, one line",
+    for mark in ("1. bench", "FITS", "2. audit", "kept", "3. smoke", "SMOKE PASSED", "launch, one line, detached",
                  "6. watchdog", verdict, "snapshot: "):
         assert mark in out, (mark, out[-3000:])
     assert (tmp_path / "run" / "metrics.png").exists()

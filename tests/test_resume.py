@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, read_json
+from launching import run_relaunch
 from supervised import attempts
 from supervise.guard import QUIET
 from supervise.recovery import relaunch_line, watchdog_line
@@ -112,18 +113,16 @@ def test_sigkill_mid_run_then_the_relaunch_line_finishes_it(reference, kind, tmp
 
     start = attempts(run)[0][0]
     line = relaunch_line(start, kind, run)
-    assert line and "\n" not in line and line.endswith(f">> {shlex.quote(str(run / 'train.log'))} 2>&1")
-    again = shell(line)  # verbatim, through a shell, as the agent runs it
+    assert line and "\n" not in line and " --replace -- " in line  # through the launcher, like the first launch
     wd = shell(watchdog_line(run, python=sys.executable) + " --poll 0.5", stdout=subprocess.PIPE,
                stderr=subprocess.PIPE, text=True)
     try:
-        assert again.wait(timeout=WAIT) == 0, (run / "train.log").read_text()[-3000:]
+        run_relaunch(line, run, env=SHELL_ENV, timeout=WAIT)  # verbatim, through a shell, as the agent runs it
         out, err = wd.communicate(timeout=120)
     finally:
-        for p in (again, wd):
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        if wd.poll() is None:
+            wd.kill()
+            wd.wait()
 
     a1, a2 = attempts(run)
     assert (a1[0]["attempt"], a2[0]["attempt"]) == (1, 2) and a1[0]["run_id"] != a2[0]["run_id"]

@@ -8,13 +8,15 @@ import json
 import os
 import signal
 import sys
+import time
 
 import pytest
 
 from claude_client import Interactive, bash, client, skill_block
 from conftest import FAKE, ROOT
-from fake_anthropic import FakeAnthropic
+from fake_anthropic import FakeAnthropic, text_of
 from launching import as_run, end_launched, keeps_writing, lines, pid_alive, procs_with, wait_for
+from supervised import attempts
 from supervise.launch import launch_alive, read_launch
 
 # the client ends its background tasks within seconds of its end (CLAUDE_CODE.md: gone 6 s
@@ -30,8 +32,23 @@ def work(tmp_path):
     cwd.mkdir()
     yield home, cwd
     end_launched(cwd)
-    for pid in procs_with(str(cwd / "train.py")):  # the control case's raw launch, if it lives
-        os.kill(pid, signal.SIGKILL)
+    for pid in procs_with(str(cwd / "train.py")) + started_in(cwd):  # raw launches, detached watchdogs, clients
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def started_in(folder) -> list:
+    """Live processes whose working folder is ``folder`` or below (what a test's clients started)."""
+    out = []
+    for d in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.readlink(f"/proc/{d}/cwd").startswith(str(folder)) and int(d) != os.getpid():
+                out.append(int(d))
+        except OSError:
+            pass
+    return out
 
 
 def write_train(cwd, *fault) -> None:
@@ -102,27 +119,120 @@ def test_the_trainer_outlives_exit_of_an_interactive_session(work):
     assert launch_alive(rec) and pid_alive(rec["pid"])
 
 
-def test_on_exit_resumes_the_ended_conversation_headlessly_with_the_verdict(work):
-    """references/session.md's headless recipe: the trainer and a detached watchdog with
-    --on-exit 'claude --resume ... -p ...' launched by a `claude -p` that then ends; the NaN at
-    step 60 ends the watchdog, whose on-exit command brings that conversation back."""
-    home, cwd = work
-    write_train(cwd, "--nan-at", "60")
+LOOP = ROOT / "tests" / "resumable_loop.py"
+WAKE = "The watchdog said:"
+
+
+def write_loop(cwd) -> None:
+    """The user's train.py: a plain loop with Telemetry and a declared --resume {checkpoint} recipe
+    (tests/resumable_loop.py), run as the user's own file from the project folder."""
+    (cwd / "train.py").write_text(f"__file__ = {str(LOOP)!r}\n"
+                                  f"exec(compile(open(__file__).read(), __file__, 'exec'))\n")
+
+
+def headless_watchdog() -> str:
+    """references/session.md's headless recipe, as run here (seconds, not minutes, of polling)."""
     recipe = (ROOT / "references" / "session.md").read_text()
-    headless = as_run(next(ln for ln in recipe.splitlines() if "/scripts/launch.py runs/exp1/watchdog" in ln),
-                      sys.executable).replace("--poll 30", "--poll 0.5")  # seconds, not minutes, of test
-    with FakeAnthropic([bash(launch_line(), background=False), bash(headless, background=False)]) as fake:
-        first = client(fake, home, cwd, prompt="Train it unattended.")
-        assert first["permission_denials"] == [] and not any(r.get("is_error") for r in fake.tool_results())
-        n = len(fake.requests)
-        back = wait_for(lambda: next((r for r in fake.requests[n:] if "The watchdog said: ANOMALY nan" in
-                                      json.dumps(r)), None), "the resumed session's request", timeout=120)
-    text = json.dumps(back)
-    assert "Train it unattended." in text  # the earlier turns: the same conversation, resumed
-    assert "loss = nan is not finite at step 60" in text and "Follow the skill." in text
+    line = next(ln for ln in recipe.splitlines() if "--detach" in ln and "claude --resume" in ln)
+    return as_run(line, sys.executable).replace("--poll 30", "--poll 0.5")
+
+
+class SkillAgent:
+    """A scripted model that follows the skill when a watchdog wakes it: it runs check-in (SKILL.md
+    step 7's line), then each of check-in's next: lines, in order, then answers."""
+
+    def __init__(self):
+        self.checkin = as_run(skill_block("7"), sys.executable)
+        self.wakes: list[str] = []   # the wake prompts, one per resumed conversation
+
+    def __call__(self, body):
+        users = [m for m in body.get("messages", []) if m.get("role") == "user"]
+        at = next((i for i in range(len(users) - 1, -1, -1) if WAKE in _prompt(users[i])), None)
+        if at is None:
+            return None
+        prompt = _prompt(users[at])
+        results = [text_of([b]) for m in users[at + 1:] if isinstance(m.get("content"), list)
+                   for b in m["content"] if b.get("type") == "tool_result"]
+        if not results:
+            self.wakes.append(prompt[prompt.index(WAKE):].split("\n")[0])
+            return bash(self.checkin, background=False)
+        lines = [ln[len("next: "):] for ln in results[0].splitlines()
+                 if ln.startswith("next: ") and not ln.startswith("next: no relaunch line")]
+        k = len(results) - 1
+        return bash(lines[k], background=False) if k < len(lines) else None
+
+
+def _prompt(message) -> str:
+    """A user message's own text (its tool results left out)."""
+    content = message.get("content")
+    return content if isinstance(content, str) else "\n".join(
+        b.get("text", "") for b in content or [] if isinstance(b, dict) and b.get("type") == "text")
+
+
+def start_unattended(home, cwd, agent, *loop_args):
+    """A `claude -p` that launches the loop (SKILL.md step 5's line) and the headless watchdog
+    (session.md's recipe), then ends: from here nobody is there."""
+    launch = launch_line().replace("--out runs/exp1", "--out runs/exp1 " + " ".join(loop_args))
+    fake = FakeAnthropic([bash(launch, background=False), bash(headless_watchdog(), background=False)], agent=agent)
+    fake.__enter__()
+    first = client(fake, home, cwd, prompt="Train it unattended.")
+    assert first["permission_denials"] == [] and not any(r.get("is_error") for r in fake.tool_results()), \
+        fake.tool_results()
+    return fake, first
+
+
+def test_the_headless_chain_closes_with_nobody_there(work):
+    """Launch -> detached watchdog with the session.md recipe -> ANOMALY nan -> the conversation
+    resumed -> check-in -> its next: lines -> the resumed claude -p ends -> the relaunched trainer
+    lives on, resumes past the checkpoint at half the learning rate, reaches its sentinel -> OK done
+    resumes the conversation once more."""
+    home, cwd = work
+    write_loop(cwd)
     run = cwd / "runs" / "exp1"
-    assert json.loads((run / "watchdog.json").read_text())["kind"] == "nan"
-    assert read_launch(run)["session_id"] == first["session_id"]
+    agent = SkillAgent()
+    fake, first = start_unattended(home, cwd, agent, "--nan-at 60 --lr 0.01 --dt 0.1")
+    try:
+        relaunch = wait_for(lambda: (r := read_launch(run)) and r["earlier"] and r, "the relaunch", timeout=180)
+        wait_for(lambda: agent.wakes, "the resumed conversation", timeout=120)
+        wait_for(lambda: not procs_with(f"{WAKE} ANOMALY"), "the resumed claude -p to end", timeout=120)
+        assert pid_alive(relaunch["pid"]) and not (run / "final_val_metrics.json").exists(), \
+            "the relaunched trainer must outlive the resumed session"
+        wait_for(lambda: len(agent.wakes) >= 2, "OK done back at the conversation", timeout=240)
+        time.sleep(3)
+    finally:
+        fake.__exit__(None, None, None)
+    assert agent.wakes[0].startswith(f"{WAKE} ANOMALY nan: ") and "at step 60" in agent.wakes[0], agent.wakes
+    assert agent.wakes[1].startswith(f"{WAKE} OK done: final_val_metrics.json written at step 300/300 (attempt 2)")
+    assert len(agent.wakes) == 2, agent.wakes
+    a1, a2 = attempts(run)
+    assert next(r["step"] for r in a2 if "loss" in r) == 60 and {r["lr"] for r in a2 if "lr" in r} == {0.005}
+    final = json.loads((run / "final_val_metrics.json").read_text())
+    assert final["run_id"] == a2[0]["run_id"] and a2[0]["pid"] == relaunch["pid"]
+    text = json.dumps(fake.requests[-1])
+    assert "Train it unattended." in text  # one conversation throughout, resumed twice
+    assert [e["headline"] for e in read_launch(run)["on_exit"]] == ["ANOMALY nan", "DONE"]
+
+
+def test_a_run_that_fails_every_time_stops_at_the_no_progress_bound(work):
+    """NaN at step 60 at every learning rate: three relaunches from the checkpoint at 50, then the
+    verdict is no_progress with no relaunch line: one final resume says so, and nothing follows."""
+    home, cwd = work
+    write_loop(cwd)
+    run = cwd / "runs" / "exp1"
+    agent = SkillAgent()
+    fake, first = start_unattended(home, cwd, agent, "--nan-at 60 --lr 0.01 --nan-lr 0 --dt 0.02")
+    try:
+        wait_for(lambda: any("no_progress" in w for w in agent.wakes), "the no_progress wake", timeout=420)
+        wait_for(lambda: not procs_with(f"{WAKE} ANOMALY"), "the last resumed claude -p to end", timeout=120)
+        time.sleep(10)  # nothing more comes: no watchdog is left to wake anyone
+    finally:
+        fake.__exit__(None, None, None)
+    kinds = [w.split(":")[1].split()[-1] for w in agent.wakes]
+    assert kinds == ["nan", "nan", "nan", "no_progress"], agent.wakes
+    assert "relaunches without the checkpoint step moving = 3 >= 3 (the last ended in nan)" in agent.wakes[-1]
+    assert len(attempts(run)) == 4 and len(read_launch(run)["on_exit"]) == 4
+    assert not pid_alive(read_launch(run)["pid"])
+    assert not pid_alive(json.loads((run / "watchdog.json").read_text())["watchdog_pid"])
 
 
 def test_a_new_session_checkin_says_running_and_offers_the_watchdog_line(work):

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import assert_checkin_agrees
+
 pytest.importorskip("torch")
 
 from supervise import probes  # noqa: E402
@@ -181,6 +183,7 @@ def test_watchdog_names_a_stopped_rank_within_45s(job):
     out, err = wd.communicate(timeout=90)
     assert wd.returncode == 7 and out.startswith(f"ANOMALY rank_hang: rank 1 (pid {pid1} on "), out + err
     assert time.time() - t0 < 45
+    assert_checkin_agrees(j.run_dir, out.strip())
 
 
 def test_watchdog_names_a_killed_rank_with_its_root_cause_within_20s(job):
@@ -196,6 +199,7 @@ def test_watchdog_names_a_killed_rank_with_its_root_cause_within_20s(job):
     assert f"rank 1 (local_rank 1, pid {pid1} on " in out and "killed by SIGKILL (not shown to be OOM)" in out
     assert "=====" not in out and "PID" not in out
     assert time.time() - t0 < 20
+    assert_checkin_agrees(j.run_dir, out.strip())
 
 
 def test_watchdog_says_ok_done_for_a_healthy_two_rank_run(job):

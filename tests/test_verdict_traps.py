@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import FAKE, read_json, run_script, start_script
+from conftest import FAKE, assert_checkin_agrees, read_json, run_script, start_script
 from supervise.contract import atomic_write_json
 
 LINE = re.compile(r"^ANOMALY (?P<kind>[a-z_]+): .+ at step (?P<step>\d+)\. .+\.$")
@@ -117,6 +117,10 @@ def test_sigkill_without_a_start_record_is_dead_not_a_late_stall(tmp_path, procs
     assert wd.returncode == 7 and LINE.match(out.strip())["kind"] == "dead", out + err
     assert "writes train.log" in out
     assert time.time() - t0 < 20
+    # check-in, run next, agrees: the trainer was a process nobody launched and its records look fresh,
+    # but the watchdog saw it die
+    facts = assert_checkin_agrees(run, out.strip())
+    assert facts["watchdog"]["verdict"] == out.strip() and not facts["watchdog"]["alive"]
 
 
 def test_sigstop_without_a_start_record_is_a_stall_at_once(tmp_path, procs):
@@ -203,6 +207,7 @@ def test_blind_watchdog_says_so(tmp_path, trainer):
     os.mkfifo(run / "metrics.jsonl")
     out, err = wd.communicate(timeout=30)
     assert wd.returncode == 7 and out.startswith("ANOMALY blind: read error = "), out + err
+    assert_checkin_agrees(run, out.strip())
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
@@ -286,3 +291,5 @@ def test_three_relaunches_from_the_same_checkpoint_are_no_progress(tmp_path):
     rc, out, err = run_script("watchdog.py", run, *FAST, "--orphan-grace", "30", timeout=60)
     assert rc == 7 and out.startswith("ANOMALY no_progress: relaunches without the checkpoint step moving = 3 >= 3 "
                                       "(the last ended in fatal) at step 510"), out + err
+    facts = assert_checkin_agrees(run, out.strip())
+    assert [n for n in facts["next"] if n.startswith("no relaunch line: a relaunch does not fix no_progress")], facts

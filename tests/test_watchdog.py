@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from conftest import read_json, run_script, start_script
+from conftest import assert_checkin_agrees, read_json, run_script, start_script
 from supervise import registry
 from supervise.probes import GpuReading, GpuReport
 from supervise.rules import KINDS, Thresholds
@@ -85,6 +85,7 @@ def test_scenario(case, tmp_path, trainer):
     lines = out.strip().splitlines()
     assert len(lines) == 1, out + err  # nothing but the verdict on stdout
     state = read_json(run_dir / "watchdog.json")
+    assert_checkin_agrees(run_dir, lines[0])  # one verdict everywhere
     if case.kind is None:
         assert rc == 0, out + err
         assert lines[0].startswith("OK done: final_val_metrics.json written"), lines[0]
@@ -134,6 +135,7 @@ def test_real_signal_is_caught_within_one_poll(sig, kind, tmp_path, trainer):
     assert LINE.match(out.strip())["kind"] == kind, out
     assert f"pid {t.pid}" in out
     assert latency < 5, f"{latency:.1f}s from {sig.name} to exit (poll 0.5s)"
+    assert_checkin_agrees(tmp_path, out.strip())
 
 
 def test_sigterm_ends_cleanly_with_state_saved(tmp_path, trainer):
@@ -191,6 +193,7 @@ def test_gpu_idle_through_injected_probe(util, kind, tmp_path, trainer, capsys):
     else:
         assert code == 7 and LINE.match(line)["kind"] == "gpu_idle", line
         assert f"GPU utilization = {util:.0f}% < 5%" in line
+        assert_checkin_agrees(tmp_path, line)  # this machine's check-in has no GPU: the watchdog's verdict stands
 
 
 BAD_USAGE = [
