@@ -150,7 +150,7 @@ def gather(run_dir: Path, k: int = 5, now: Optional[float] = None, gpu=None) -> 
         "final": final,
         "watchdog": None if wd is None else {
             "pid": wd.pid, "alive": wd.alive, "state": wd.state, "ended_by": wd.ended_by or None,
-            "verdict": wd.message if wd.ended else None,
+            "verdict": (wd.headline or wd.state) if wd.ended else None,
             "last_poll_age_s": now - wd.last_poll if wd.last_poll is not None else None,
             "bad_lines": wd.bad_lines},
         "process": None if proc is None else {
@@ -244,7 +244,7 @@ def _watchdog_line(w: Optional[dict]) -> str:
         bad = f", bad lines {w['bad_lines']}" if w["bad_lines"] else ""
         return f"watchdog: alive (pid {w['pid']}), {w['state']}, {poll}{bad}"
     if w["verdict"]:
-        return f"watchdog: ended (pid {w['pid']}, {poll}): {w['verdict'][:80]}"
+        return f"watchdog: ended (pid {w['pid']}, {poll}) with {w['verdict']}"
     if w["ended_by"]:
         return f"watchdog: stopped by {w['ended_by']} (pid {w['pid']}, {poll})"
     return f"watchdog: gone (pid {w['pid']}, {poll}): nothing will wake you; start the next: watchdog line"
@@ -302,9 +302,12 @@ def bounded_json(facts: dict, limit: int = LIMIT) -> str:
             facts[name] = facts[name][1:]
             text = json.dumps(facts, default=str)
     for name in ("final", "best_eval", "eval", "loss_trend", "slurm", "disk", "resume", "process", "watchdog",
-                 "last_error", "notes", "watchdog_message"):  # the verdict's own line goes last
+                 "time_limit", None, "last_error", "notes", "watchdog_message"):  # the verdict's own line last
         if len(text) <= limit:
             break
-        facts[name] = None
+        if name is None:  # before the last words go, the empty fields do
+            facts = {k: v for k, v in facts.items() if v not in (None, [], {}, "")}
+        else:
+            facts[name] = None
         text = json.dumps(facts, default=str)
     return text

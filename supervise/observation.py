@@ -76,6 +76,7 @@ class WatchdogSeen:
     kind: Optional[str] = None
     step: int = 0
     message: str = ""
+    headline: str = ""               # its verdict's headline (ANOMALY <kind>, DONE, STOPPED)
     bad_lines: Optional[int] = None
 
 

@@ -192,7 +192,7 @@ def test_checkin_renders_the_verdict_a_watchdog_ended_on(headline, verdict, tmp_
     write(tmp_path, start(sleeper.pid).replace('"t": 0', '"t": 0, "run_id": "r1", "attempt": 1') + steps(5))
     ended_watchdog(tmp_path, verdict)
     facts = json.loads(run_script("checkin.py", tmp_path, "--json")[1])
-    assert facts["verdict"] == headline and facts["watchdog"]["verdict"] == verdict.line, facts
+    assert facts["verdict"] == headline and facts["watchdog"]["verdict"] == headline, facts
     if verdict.state == "anomaly":
         assert facts["watchdog_message"] == verdict.line
     # a newer attempt's start record: that verdict is history, check-in judges the new attempt itself
