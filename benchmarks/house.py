@@ -16,7 +16,8 @@ from pathlib import Path
 # The floors of the house, ground first: a module may import from its own floor or below.
 # A module not listed sits on the top floor (a front door).
 FLOORS = [
-    ("ground", {"vocabulary", "cli", "contract", "probes", "state", "observation", "registry", "telemetry"}),
+    ("ground", {"vocabulary", "thresholds", "cli", "contract", "probes", "state", "observation", "registry",
+                "telemetry"}),
     ("knowledge", {"logs", "rules", "ranks", "slurm", "checkpoints"}),
     ("engine", {"engine", "judge", "recovery", "launch", "stop"}),
 ]

@@ -13,8 +13,9 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
-from .cli import EXIT_OK, EXIT_USAGE, Parser, UsageError, bounded_int, duration, positive_int
+from .cli import Parser, UsageError, bounded_int, duration, front_door, positive_int
 from .contract import atomic_write_json
+from .vocabulary import EXIT_OK
 
 MAX_ROW = 1 << 20  # bytes; a bigger row is a reason, not a crash
 CHUNK = 256
@@ -290,31 +291,28 @@ def main(argv=None) -> int:
     p.add_argument("--per-class", type=positive_int, default=1000, help="rows per class with --balance (default: 1000)")
     p.add_argument("--seed", type=bounded_int(0, 2**32 - 1), default=0, help="sampling seed, 0 to 2**32-1 (default: 0)")
     p.add_argument("--allow-smaller", action="store_true", help="keep a class with fewer rows than --per-class")
-    a = p.parse_args(argv)
+    return front_door(p, _main, argv)
+
+
+def _main(a) -> int:
     if not Path(a.input).is_file():
-        print(f"audit.py: error: {a.input} is not a file; pass a CSV, JSONL or Parquet file", file=sys.stderr)
-        return EXIT_USAGE
+        raise UsageError(f"{a.input} is not a file; pass a CSV, JSONL or Parquet file")
     out = Path(a.out)
     if not a.out.strip():
-        print("audit.py: error: --out is empty; pass the folder for the results, e.g. audit_out", file=sys.stderr)
-        return EXIT_USAGE
+        raise UsageError("--out is empty; pass the folder for the results, e.g. audit_out")
     if out.exists() and not out.is_dir():
-        print(f"audit.py: error: --out {out} is a file; pass a folder for the results", file=sys.stderr)
-        return EXIT_USAGE
+        raise UsageError(f"--out {out} is a file; pass a folder for the results")
     for given in filter(None, (a.input, a.normalized)):
         if Path(given).resolve().parent == out.resolve() and _is_result(Path(given).name):
-            print(f"audit.py: error: {given} is an earlier result in --out {out}, which this run replaces; "
-                  "pass another --out", file=sys.stderr)
-            return EXIT_USAGE
+            raise UsageError(f"{given} is an earlier result in --out {out}, which this run replaces; "
+                  "pass another --out")
     try:
         r = audit(a)
     except UsageError as e:
-        print(f"audit.py: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
+        raise UsageError(f"{e}")
     except OSError as e:
-        print(f"audit.py: error: cannot write the results into {a.out}: {e.strerror or e}; pass a writable folder "
-              "with free space", file=sys.stderr)
-        return EXIT_USAGE
+        raise UsageError(f"cannot write the results into {a.out}: {e.strerror or e}; pass a writable folder "
+              "with free space")
     by = ", ".join(f"{k} {v}" for k, v in r["dropped_by_reason"].items()) or "none"
     print(f"rows {r['rows']:,}, kept {r['kept']:,}, dropped {r['dropped']:,} ({r['invalid_rate']:.1%}): {by}")
     print(f"{r['rows_per_s']:,.0f} rows/s on {r['workers']} workers; wrote {a.out}/raw.kept.*"

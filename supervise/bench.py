@@ -15,10 +15,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from .cli import EXIT_ANOMALY, EXIT_OK, EXIT_USAGE, Parser, UsageError, count, duration, positive_float, \
-    positive_int
-from .contract import METRICS, TailReader, is_finite, kind_of
-from .guard import QUIET
+from .cli import Parser, UsageError, count, duration, front_door, positive_float, positive_int
+from .contract import TailReader, is_finite, kind_of
+from .vocabulary import EXIT_ANOMALY, EXIT_OK, METRICS, QUIET
 
 
 def progress(msg: str) -> None:
@@ -261,7 +260,10 @@ def main(argv=None) -> int:
     p.add_argument("--cmd", help='command mode: your script for ~20 steps, e.g. "python -u train.py --max-steps 20 --out runs/bench"')
     p.add_argument("--run-dir", help="command mode: the run directory the command writes")
     p.add_argument("--json", action="store_true", help="one JSON object instead of text")
-    a = p.parse_args(argv)
+    return front_door(p, lambda a: _main(p, a), argv)
+
+
+def _main(p, a) -> int:
     if a.cmd is not None and not a.cmd.strip():
         p.error("--cmd is empty; give the command that runs your script for ~20 steps")
     if a.cmd and not (a.run_dir or "").strip():
@@ -272,16 +274,13 @@ def main(argv=None) -> int:
         m = measure_command(a) if a.cmd else measure_model(a)
     except ImportError as e:
         bundle = shlex.quote(str(Path(__file__).resolve().parents[1]) + "[hf]")
-        print(f"bench.py: error: model mode needs torch and transformers ({e.name} missing): pip install -e "
-              f"{bundle} and a torch build for your GPU", file=sys.stderr)
-        return EXIT_USAGE
-    except (UsageError, ValueError, OSError) as e:
-        print(f"bench.py: error: {(str(e).splitlines() or [type(e).__name__])[0]}", file=sys.stderr)
-        return EXIT_USAGE
+        raise UsageError(f"model mode needs torch and transformers ({e.name} missing): pip install -e "
+              f"{bundle} and a torch build for your GPU")
+    except (ValueError, OSError) as e:
+        raise UsageError(f"{(str(e).splitlines() or [type(e).__name__])[0]}")
     except (RuntimeError, MemoryError) as e:  # e.g. a shape that cannot be allocated on this device
-        print(f"bench.py: error: the bench step failed: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}; "
-              "try a smaller --batch or --seq-len", file=sys.stderr)
-        return EXIT_USAGE
+        raise UsageError(f"the bench step failed: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}; "
+              "try a smaller --batch or --seq-len")
     proj = project(m, a.samples, a.epochs, a.eval_samples, a.window, a.preprocess_rate)
     if a.json:
         print(json.dumps({**asdict(m), **proj}))

@@ -1,26 +1,23 @@
-"""One cheap read of a run's whole state: the verdict first, then progress, recent steps, evals,
-watchdog, process, GPU, disk and the last error. At most 1,500 characters; bounded reads only."""
+"""One cheap read of a run's whole state: the verdict first, then the next: lines, progress,
+recent steps, evals, watchdog, process, GPU, disk and the last error. At most 1,500 characters.
+A renderer: one ``engine.assess`` (one Observation, one Verdict) and nothing read besides."""
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
-import shlex
-import sys
 import time
 from pathlib import Path
 from typing import Optional
 
 from . import registry
 from .checkpoints import resume_lines
-from .cli import EXIT_OK, EXIT_USAGE, Parser, count
-from .contract import METRICS, is_finite, is_number
+from .cli import Parser, UsageError, count, front_door
+from .contract import is_number
 from .engine import assess
-from .launch import launch_alive, sanitize
-from .logs import last_error, oom_line
-from .probes import disk_free, process
 from .ranks import rank_lines
 from .recovery import relaunch_plan, watchdog_line
+from .state import launch_alive, typed_launch
+from .vocabulary import EXIT_OK, METRICS
 
 LIMIT = 1500
 SKIP_DIRS = {".git", "node_modules", ".venv", "venv", "__pycache__", "checkpoints", "tb", ".cache"}
@@ -29,7 +26,7 @@ SKIP_DIRS = {".git", "node_modules", ".venv", "venv", "__pycache__", "checkpoint
 def find_run(cwd: Path, depth: int = 4) -> Optional[Path]:
     """The registry's newest run whose launched trainer still lives (a new session re-attaching),
     else its newest run, else the newest metrics.jsonl below ``cwd``."""
-    live = next((r for r in registry.runs() if os.path.isdir(r["run_dir"]) and launch_alive(sanitize(r.get("launch")))),
+    live = next((r for r in registry.runs() if os.path.isdir(r["run_dir"]) and launch_alive(typed_launch(r.get("launch")))),
                 None)
     rec = live or registry.latest()
     if rec:
@@ -67,11 +64,11 @@ def _g(v, digits=4) -> str:
 
 
 def _next(run_dir: Path, obs, verdict) -> list:
-    """What to run next, each one physical line: on an anomaly the relaunch line (from the start
-    record's argv and cwd, with the change the kind calls for, through the launcher) and the
-    watchdog line for the new attempt (the last watchdog's flags, --on-exit and --detach kept),
-    or why there is none; for a run not yet over that no live watchdog watches, the watchdog line
-    with the flags the last watchdog used."""
+    """What to run next, each one physical line: on an anomaly the relaunch line (the start
+    record's command with the verdict's change, through the launcher, resumed from the checkpoint
+    this check-in names) and the watchdog line for the new attempt (the last watchdog's flags,
+    --on-exit and --detach kept), or why there is none; for a run not yet over that no live
+    watchdog watches, the watchdog line with the flags the last watchdog used."""
     wd = obs.watchdog
     flags = wd.argv if wd is not None else ()
     if verdict.state != "anomaly":
@@ -79,84 +76,67 @@ def _next(run_dir: Path, obs, verdict) -> list:
                 obs.alive or obs.visibility):
             return [watchdog_line(run_dir, flags=flags)]
         return []
-    kind = verdict.kind
     if obs.relaunch is not None and not obs.relaunch.alive:
         return [f"no relaunch line: the last relaunch (pid {obs.relaunch.pid}) died before its start record; "
                 "fix the error above in its command, then relaunch; see references/recovery.md"]
-    start = dict(obs.records.start)
     bad = obs.records.hits.get("nan")
-    line, note = relaunch_plan(start, kind, run_dir, message=verdict.line or "",
+    line, note = relaunch_plan(dict(obs.records.start), verdict, run_dir,
+                               checkpoint=str(obs.resume.path) if obs.resume is not None else None,
                                first_bad_step=bad.step if bad is not None else None,
                                window_s=(obs.launch or {}).get("window_s"))
     if line is None:
-        return [f"no relaunch line: {note}; see references/recovery.md ({kind})"]
+        return [f"no relaunch line: {note}; see references/recovery.md ({verdict.kind})"]
     return [line, watchdog_line(run_dir, flags=flags, relaunch=True)]
 
 
 def _resume(obs) -> list:
-    """The checkpoint a relaunch would use and the ones it skips (torn, poisoned: written at or
-    after the first non-finite record), when the run's checkpoint folders are known."""
+    """The checkpoint the relaunch line resumes from and the ones it skips (torn, poisoned:
+    written at or after the first non-finite record), when the run's checkpoint folders are known."""
     if obs.disk is None:
         return []
     bad = obs.records.hits.get("nan")
-    return resume_lines(obs.disk.checkpoints, bad.step if bad is not None else None)[:4]
+    return resume_lines(obs.resume, obs.resume_skipped, bad.step if bad is not None else None)[:4]
 
 
 def gather(run_dir: Path, k: int = 5, now: Optional[float] = None, gpu=None) -> dict:
-    """Every fact of the check-in as a dict (``--json`` prints it): one look by the watchdog's
-    own observer and judge, rendered."""
+    """Every fact of the check-in as a dict (``--json`` prints it): the one Observation and the
+    one Verdict of the watchdog's own observer and judge (engine.assess), rendered; nothing is
+    read or probed here."""
     now = now or time.time()
     _, obs, verdict = assess(run_dir, gpu=gpu)
-    wd = obs.watchdog
-    rec = obs.records
+    wd, rec = obs.watchdog, obs.records
     start = dict(rec.start) or None
-    steps, evals = list(rec.steps), list(rec.evals)  # what the engine read: no second pass
-    final = dict(obs.sentinel) if verdict.state == "done" and obs.sentinel else None
-    procs = obs.processes
-    proc = next((p for p in procs if p.alive), procs[0] if procs else None)
-    info = process(proc.pid, cpu_interval=0.05) if proc is not None and proc.alive else None
-    log = list(obs.log_tail)
-    err = oom_line(log) or last_error(log)
-    mtime = obs.metrics_mtime
+    steps, evals = list(rec.steps), list(rec.evals)
+    proc = next((p for p in obs.processes if p.alive), obs.processes[0] if obs.processes else None)
     last = steps[-1] if steps else None
-    age = now - mtime if mtime is not None else None
-    total = (start or {}).get("total_steps")
-    step = rec.last_step
-    per_step = ((start or {}).get("batch_size") or 0) * ((start or {}).get("world_size") or 1)
-    recent_sps = [r["sps"] for r in steps[-k:] if is_finite(r.get("sps"))]
-    eta = None
-    if verdict.headline == "RUNNING healthy" and total and total > step:
-        if recent_sps and per_step:
-            eta = (total - step) / (sorted(recent_sps)[len(recent_sps) // 2] / per_step)
-        elif rec.steps_per_s:
-            eta = (total - step) / rec.steps_per_s
     limit = None
     if obs.time_limit is not None:
         limit = f"{_age(obs.time_limit)} from the run's start ({obs.time_limit_why}); {_age(obs.now - obs.started)} used"
     return {
-        "run_dir": str(run_dir), "verdict": verdict.headline, "metrics_age_s": age,
+        "run_dir": str(run_dir), "verdict": verdict.headline,
+        "metrics_age_s": now - obs.metrics_mtime if obs.metrics_mtime is not None else None,
         "watchdog_message": verdict.line if verdict.state == "anomaly" else None,
         "fatal": (rec.fatal or {}).get("FATAL"),
         "notes": list(verdict.notes),
         "warnings": [a.message for a in verdict.warnings],
         "run_id": (start or {}).get("run_id"), "attempt": (start or {}).get("attempt"),
-        "step": step, "total_steps": total,
-        "elapsed_s": (last or {}).get("t"), "eta_s": eta, "time_limit": limit or f"none ({obs.time_limit_why})",
+        "step": rec.last_step, "total_steps": (start or {}).get("total_steps"),
+        "elapsed_s": (last or {}).get("t"), "eta_s": rec.eta_s if verdict.headline == "RUNNING healthy" else None,
+        "time_limit": limit or f"none ({obs.time_limit_why})",
         "steps": [{f: r.get(f) for f in ("step", "loss", "lr", "grad_norm", "sps")} for r in steps[-k:]] if k else [],
         "loss_trend": [steps[0].get("loss"), last.get("loss")] if len(steps) > 1 else None,
         "eval": {kk: v for kk, v in evals[-1].items() if kk == "step" or kk.startswith("eval_")} if evals else None,
         "best_eval": dict(rec.best_eval) if rec.best_eval else None,
         "auroc_trend": [e.get("eval_auroc") for e in evals[-4:] if "eval_auroc" in e],
-        "final": final,
+        "final": dict(obs.sentinel) if verdict.state == "done" and obs.sentinel else None,
         "watchdog": None if wd is None else {
             "pid": wd.pid, "alive": wd.alive, "state": wd.state, "ended_by": wd.ended_by or None,
             "verdict": (wd.headline or wd.state) if wd.ended else None,
             "last_poll_age_s": now - wd.last_poll if wd.last_poll is not None else None,
             "bad_lines": wd.bad_lines},
         "process": None if proc is None else {
-            "pid": proc.pid, "state": info.state if info else proc.state, "why": proc.why,
-            "cpu_percent": info.cpu_percent if info else None,
-            "rss_mb": info.rss / 2**20 if info and info.rss else None},
+            "pid": proc.pid, "state": proc.state, "why": proc.why, "cpu_percent": proc.cpu_percent,
+            "rss_mb": proc.rss / 2**20 if proc.rss else None},
         "next": _next(run_dir, obs, verdict),
         "launches": 1 + len((obs.launch or {}).get("earlier") or []) if obs.launch else None,
         "wakes": len((obs.launch or {}).get("on_exit") or []) if obs.launch else None,
@@ -164,10 +144,10 @@ def gather(run_dir: Path, k: int = 5, now: Optional[float] = None, gpu=None) -> 
         "slurm": None if obs.slurm is None else (obs.slurm.error or f"job {obs.slurm.job_id} {obs.slurm.state}"
                                                  + (f" on {obs.slurm.nodes}" if obs.slurm.nodes else "")),
         "gpu": list(obs.gpu_lines),
-        "disk_free_gb": (lambda d: d[0] / 1e9 if d else None)(disk_free(str(run_dir / "checkpoints"))),
+        "disk_free_gb": obs.volume_free[0] / 1e9 if obs.volume_free else None,
         "disk": obs.disk.line() if obs.disk is not None else None,
         "resume": _resume(obs),
-        "last_error": err,
+        "last_error": obs.last_error,
     }
 
 
@@ -263,32 +243,28 @@ def main(argv=None) -> int:
     p.add_argument("--json", action="store_true", help="the same facts as one JSON object")
     p.add_argument("--lines", type=count, default=5, metavar="K", help="step records shown (default: 5)")
     p.add_argument("--plot", action="store_true", help="also write RUN_DIR/metrics.png (needs matplotlib)")
-    a = p.parse_args(argv)
+    return front_door(p, _main, argv)
+
+
+def _main(a) -> int:
     if a.run_dir == "" or (a.run_dir is not None and not a.run_dir.strip()):
-        print("checkin.py: error: an empty path is not a run directory; pass the folder holding metrics.jsonl, "
-              "or nothing for the newest registered run", file=sys.stderr)
-        return EXIT_USAGE
+        raise UsageError("an empty path is not a run directory; pass the folder holding metrics.jsonl, "
+              "or nothing for the newest registered run")
     if a.run_dir:
         run_dir = Path(a.run_dir)
         if not run_dir.is_dir():
-            print(f"checkin.py: error: {run_dir} is not a run directory; pass the folder holding metrics.jsonl",
-                  file=sys.stderr)
-            return EXIT_USAGE
+            raise UsageError(f"{run_dir} is not a run directory; pass the folder holding metrics.jsonl")
     else:
         run_dir = find_run(Path.cwd())
         if run_dir is None:
-            print("checkin.py: error: no run found (no watchdog registered one, no metrics.jsonl below "
-                  f"{Path.cwd()}); pass RUN_DIR", file=sys.stderr)
-            return EXIT_USAGE
+            raise UsageError("no run found (no watchdog registered one, no metrics.jsonl below "
+                  f"{Path.cwd()}); pass RUN_DIR")
     facts = gather(run_dir, a.lines)
     if a.plot:
         from .plot import plot
         facts["plot"] = plot(run_dir)
     text = bounded_json(facts) if a.json else render(facts) + (f"\nplot: {facts['plot']}" if a.plot else "")
-    try:
-        print(text, flush=True)
-    except BrokenPipeError:  # `checkin.py | head -1`: the reader left; no traceback
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    print(text, flush=True)
     return EXIT_OK
 
 
@@ -301,13 +277,15 @@ def bounded_json(facts: dict, limit: int = LIMIT) -> str:
         while len(text) > limit and isinstance(facts.get(name), list) and facts[name]:
             facts[name] = facts[name][1:]
             text = json.dumps(facts, default=str)
-    for name in ("final", "best_eval", "eval", "loss_trend", "slurm", "disk", "resume", "process", "watchdog",
-                 "time_limit", None, "last_error", "notes", "watchdog_message"):  # the verdict's own line last
+    for name in ("final", "best_eval", "eval", "last_error", "process", "watchdog", None, "time_limit",
+                 "loss_trend", "slurm", "resume", "disk", "notes", "watchdog_message"):  # the verdict's line last
         if len(text) <= limit:
             break
-        if name is None:  # before the last words go, the empty fields do
+        if name is None:  # before the last words go, the empty fields do, and then each dropped one
             facts = {k: v for k, v in facts.items() if v not in (None, [], {}, "")}
-        else:
+        elif None in facts.values():
             facts[name] = None
+        else:
+            facts.pop(name, None)
         text = json.dumps(facts, default=str)
     return text

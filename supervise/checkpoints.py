@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Iterable, Optional, Sequence, Union
 
 from .contract import open_regular, read_json
-from .rules import Anomaly, Thresholds, anomaly
+from .thresholds import Thresholds
+from .vocabulary import Anomaly, anomaly
 
 TORN = "still being written or torn"
 SETTLE = 1.0           # s a complete save must stay before it shows that the run keeps its saves
@@ -356,9 +357,9 @@ def choose_resume(checkpoints: Iterable[Checkpoint], first_bad_step: Optional[in
     return None, skipped
 
 
-def resume_lines(checkpoints: Iterable[Checkpoint], first_bad_step: Optional[int]) -> list[str]:
-    """Check-in's lines: the checkpoint the relaunch would use, then each skipped one."""
-    chosen, skipped = choose_resume(checkpoints, first_bad_step)
+def resume_lines(chosen: Optional[Checkpoint], skipped, first_bad_step: Optional[int]) -> list[str]:
+    """Check-in's lines for a ``choose_resume`` choice: the checkpoint the relaunch uses, then
+    each skipped one."""
     if chosen is not None:
         lines = [f"resume from: {chosen.describe()}"]
     elif skipped:
@@ -391,6 +392,19 @@ def checkpoint_dirs(run_dir, start: Optional[dict], explicit: Sequence[str] = ()
         if not chosen and (Path(run_dir) / "checkpoints").is_dir():
             chosen = [Path(os.path.abspath(Path(run_dir) / "checkpoints"))]
     return list(dict.fromkeys(chosen))
+
+
+def run_checkpoints(run_dir, start: Optional[dict], explicit: Sequence[str] = ()) -> list[Checkpoint]:
+    """Every checkpoint of the run, oldest step first, in the folders ``checkpoint_dirs`` names:
+    the one place check-in, the relaunch and smoke find them."""
+    return find_checkpoints(checkpoint_dirs(run_dir, start, explicit))
+
+
+def resume_choice(run_dir, start: Optional[dict], first_bad_step: Optional[int] = None,
+                  explicit: Sequence[str] = ()) -> tuple[Optional[Checkpoint], list]:
+    """``choose_resume`` over ``run_checkpoints``: the checkpoint a relaunch resumes from (the
+    newest complete one written before the first non-finite record) and the newer ones skipped."""
+    return choose_resume(run_checkpoints(run_dir, start, explicit), first_bad_step)
 
 
 def declared_keep(run_dir, start: Optional[dict]) -> Optional[int]:

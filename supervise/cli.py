@@ -1,7 +1,9 @@
-"""What every front door shares: a parser whose errors are one line and exit 2, and the
-argument types (durations like ``90s``, ``6m``, ``3h``; positive numbers; run directories).
-Every number is finite and bounded: ``nan``, ``inf``, ``1e999`` and 20-digit values are usage
-errors here, never an overflow later."""
+"""What every front door shares: the one error boundary (``front_door``: a parser whose errors
+are one line and exit 2, a ``UsageError`` raised anywhere below turned into one line and exit 2,
+a reader that left never a traceback), and the argument types (durations like ``90s``, ``6m``,
+``3h``; positive numbers; run directories). Every number is finite and bounded: ``nan``, ``inf``,
+``1e999`` and 20-digit values are usage errors here, never an overflow later. Exit codes are
+``vocabulary``'s."""
 from __future__ import annotations
 
 import argparse
@@ -9,8 +11,10 @@ import math
 import os
 import re
 import sys
+from typing import Callable
 
-EXIT_OK, EXIT_USAGE, EXIT_ANOMALY = 0, 2, 7
+from .vocabulary import EXIT_OK, EXIT_USAGE
+
 
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([smhd]?)\s*$", re.I)
@@ -21,6 +25,25 @@ MAX_FLOAT = 1e15
 
 class UsageError(Exception):
     """Bad input: the message is one line that says what was wrong and how to fix it."""
+
+
+def front_door(parser: "Parser", body: Callable[[argparse.Namespace], int], argv=None) -> int:
+    """The one error boundary of every script: parse ``argv`` (bad usage: one line, exit 2), run
+    ``body(args)`` and return its exit code. A ``UsageError`` from anywhere below becomes
+    ``PROG: error: <its line>`` on stderr and exit 2, once; a reader that left (``| head -1``)
+    is no traceback."""
+    args = parser.parse_args(argv)
+    try:
+        return body(args)
+    except UsageError as e:
+        print(f"{parser.prog}: error: {e}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
+    except BrokenPipeError:
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except OSError:
+            pass
+        return EXIT_OK
 
 
 class Parser(argparse.ArgumentParser):

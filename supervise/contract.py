@@ -23,11 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-METRICS = "metrics.jsonl"
-SENTINEL = "final_val_metrics.json"
-WATCHDOG_STATE = "watchdog.json"
-LOG = "train.log"
-
 NUMBER = "number"
 INTEGER = "integer"
 TEXT = "string"

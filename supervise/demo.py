@@ -14,13 +14,13 @@ import sys
 import time
 from pathlib import Path
 
-from .cli import EXIT_ANOMALY, EXIT_OK, EXIT_USAGE, Parser, UsageError, duration
 from .checkin import summary
-from .contract import METRICS, SENTINEL, is_finite, read_json
-from .guard import QUIET as GUARD_QUIET
-from .launch import launch_alive, read_launch
+from .cli import Parser, UsageError, duration, front_door
+from .contract import is_finite, read_json
 from .plot import plot as plot_png
+from .state import launch_alive, read_launch
 from .stop import stop
+from .vocabulary import EXIT_ANOMALY, EXIT_OK, METRICS, QUIET as GUARD_QUIET, SENTINEL
 
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE = "train_torch.py"
@@ -111,10 +111,12 @@ def main(argv=None) -> int:
     p.add_argument("--poll", type=duration, default=2.0, help="watchdog poll interval [2s]")
     p.add_argument("--window", type=duration, default=600.0,
                    help="the GPU window that bench and smoke project the run against [10m]; a busy machine needs more")
-    a = p.parse_args(argv)
+    return front_door(p, _main, argv)
+
+
+def _main(a) -> int:
     if not a.out.strip():
-        print("demo.py: error: --out is empty; give a new folder for the demo run, e.g. runs/demo", file=sys.stderr)
-        return EXIT_USAGE
+        raise UsageError("--out is empty; give a new folder for the demo run, e.g. runs/demo")
     run_dir = Path(a.out)
     smoke_dir = run_dir.parent / (run_dir.name + "-smoke")
     try:
@@ -123,8 +125,7 @@ def main(argv=None) -> int:
         for folder in (run_dir, smoke_dir):
             claim(folder)
     except UsageError as e:
-        print(f"demo.py: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
+        raise UsageError(f"{e}")
     window = _seconds(a.window)
     py, scripts, template = sys.executable, ROOT / "scripts", str(ROOT / "templates" / TEMPLATE)
     step("1. bench", [py, str(scripts / "bench.py"), "--config", "tiny", "--seq-len", "32", "--batch", "32",

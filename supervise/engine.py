@@ -20,16 +20,17 @@ from pathlib import Path
 from typing import Optional
 
 from . import slurm as sl
-from .checkpoints import CheckpointWatch, checkpoint_dirs, declared_keep
-from .contract import LOG, METRICS, SENTINEL, WATCHDOG_STATE, TailReader, is_count, is_finite, read_json, \
-    why_unreadable
-from .launch import LAUNCH, on_this_host, read_launch
-from .logs import cgroup_dir, kernel_oom_lines, killed_reason, log_tail, oom_kills, root_cause
-from .observation import GONE, Observation, Proc, Records, Verdict, WatchdogSeen, frozen
-from .probes import Nvml, ProcessWatch, log_writers, same_process
+from .checkpoints import CheckpointWatch, checkpoint_dirs, choose_resume, declared_keep
+from .contract import TailReader, is_count, is_finite, read_json, why_unreadable
+from .judge import KINDS, RECORD_RULES, judge
+from .logs import cgroup_dir, kernel_oom_lines, killed_reason, last_error, log_tail, oom_kills, oom_line, root_cause
+from .observation import Observation, Proc, Records, WatchdogSeen, frozen
+from .probes import Nvml, ProcessWatch, born_after, disk_free, log_writers, process, same_process, same_start
 from .ranks import RankFiles, local_pids
-from .rules import KINDS, RecordRules, Thresholds
-from .state import WatchState
+from .rules import RecordRules
+from .state import WatchState, on_this_host, read_launch
+from .thresholds import Thresholds
+from .vocabulary import GONE, LAUNCH, LOG, METRICS, SENTINEL, WATCHDOG_STATE
 
 SCAN_EVERY = 10        # polls between /proc scans for new train.log writers while the run lives
 LOG_LINES = 200
@@ -59,7 +60,7 @@ class Observer:
         self.metrics = self.run_dir / METRICS
         self.reader = TailReader(str(self.metrics)) if not one_shot else \
             TailReader(str(self.metrics), notable=notable, head=32 << 10, tail=64 << 10)
-        self.rules = RecordRules(thresholds, num_labels_given)
+        self.rules = RecordRules(thresholds, RECORD_RULES, num_labels_given)
         self.gpu = gpu
         self.clock = clock
         self.one_shot = one_shot
@@ -160,11 +161,10 @@ class Observer:
             info = self.procs.read(pid)
             state = info.state
             born = info.create_time or self.procs.birth.get(pid)  # a gone process keeps the birth first seen
-            if why == "start record" and is_finite(start_t) and born and born > start_t + 2:
+            if why == "start record" and is_finite(start_t) and born_after(born, start_t):
                 state = "gone"   # that pid was reused by another process after the trainer ended
-            if why == "launch record" and launch and is_finite(launch.get("create_time")) and born \
-                    and abs(born - launch["create_time"]) > 1.0:
-                state = "gone"
+            if why == "launch record" and launch and not same_start(born, launch.get("create_time")):
+                state = "gone"   # likewise for the launched one
             recorded_here = why in ("start record", "launch record", "--pid")
             out.append((pid, why, state, born, False, recorded_here))
         for pid, ppid in self.parents.items():
@@ -288,6 +288,17 @@ class Observer:
             self._ckpt = (key, CheckpointWatch(dirs, declared_keep(self.run_dir, start)) if dirs else None)
         return self._ckpt[1].poll(now) if self._ckpt[1] is not None else None
 
+    @staticmethod
+    def _sample_cpu(procs: list) -> list:
+        """The first live root process with its CPU % (sampled over 50 ms) and RSS: a one-shot
+        look shows them."""
+        first = next((p for p in procs if p.alive and not p.child), None)
+        if first is None:
+            return procs
+        info = process(first.pid, cpu_interval=0.05)
+        seen = dataclasses.replace(first, cpu_percent=info.cpu_percent, rss=info.rss)
+        return [seen if p is first else p for p in procs]
+
     def _records(self) -> Records:
         run, rules = self.run, self.rules
         return Records(
@@ -366,6 +377,13 @@ class Observer:
         stall_after, stall_why = self.run.stall.limit()
         util, idle_for, gpu_lines = self._gpu(now, bool(alive), tuple(self.known))
         limit, limit_why = self._time_limit(start, launch)
+        disk = self._disk(now, start)
+        resume, skipped = None, ()
+        if self.one_shot and disk is not None:  # what check-in shows and its relaunch line uses, chosen once
+            bad = records.hits.get("nan")
+            resume, skipped = choose_resume(disk.checkpoints, bad.step if bad is not None else None)
+        if self.one_shot:
+            procs = self._sample_cpu(procs)
         touched = max([t for t in (metrics_mtime, log_mtime, sentinel_mtime) if t is not None], default=0.0)
         hold = 0.0
         if not self.one_shot and not alive and not (self.seen_alive & {p.pid for p in procs}) \
@@ -378,7 +396,8 @@ class Observer:
             sentinel=frozen(sentinel) if sentinel is not None else None, sentinel_name=self.sentinel.name,
             sentinel_mtime=sentinel_mtime, log_tail=lines, log_mtime=log_mtime, root_cause=cause, killed=killed,
             ranks=ranks, rank_procs=rank_procs, slurm=job, slurm_waiting=waiting, gpu_util=util,
-            gpu_idle_for=idle_for, gpu_lines=gpu_lines, disk=self._disk(now, start),
+            gpu_idle_for=idle_for, gpu_lines=gpu_lines, disk=disk, resume=resume, resume_skipped=tuple(skipped),
+            volume_free=disk_free(str(self.run_dir)), last_error=(oom_line(lines) or last_error(lines)) if lines else None,
             blind=self.reader.error or why_unreadable(self.log), hold_for=hold,
             time_limit=limit, time_limit_why=limit_why, failed_launches=failed, stopped=stopped,
             watchdog=self._watchdog(start, launch), launch=frozen(launch) if launch else None)
@@ -393,7 +412,6 @@ def assess(run_dir, thresholds: Optional[Thresholds] = None, gpu=None, pids=(),
     folders of its watchdog (unless given), whether it lives (a live watchdog has seen the middle
     of the file: the look reads its head and tail only) and the verdict it ended on, which is
     the verdict while it is about the same attempt (it saw every record; one look may not)."""
-    from .judge import judge
     wd = WatchState.from_json(read_json(Path(run_dir) / WATCHDOG_STATE))
     th = thresholds or Thresholds.from_dict(wd.thresholds if wd else None)
     th = dataclasses.replace(th, orphan_grace=0.0, rank_grace=0.0)
@@ -406,5 +424,3 @@ def assess(run_dir, thresholds: Optional[Thresholds] = None, gpu=None, pids=(),
     obs = observer.observe()
     return observer, obs, judge(obs, th)
 
-
-__all__ = ["Observer", "assess", "Observation", "Verdict", "LAUNCH"]

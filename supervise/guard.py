@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+from .vocabulary import PYTHON, QUIET
+
 BUNDLE = Path(__file__).resolve().parents[1]
-QUIET = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error", "TOKENIZERS_PARALLELISM": "false"}
 OWN_SCRIPTS = re.compile(r"(^|/)scripts/(watchdog|checkin|bench|audit|smoke|plot|demo|launch|stop)\.py$")
-PYTHON = re.compile(r"^(.*/)?python(\d+(\.\d+)?)?$")
 LAUNCHERS = {"torchrun", "deepspeed"}
 SCHEDULERS = {"sbatch"}  # a batch job detaches by design: a launch that needs no run_in_background
 LOG_FILE = re.compile(r"(\.log|\.out|\.err|\.txt)$|(^|/)nohup\.out$")

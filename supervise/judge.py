@@ -2,9 +2,12 @@
 
     verdict = judge(observation, thresholds)
 
-``RULES`` holds every kind, most specific first: its check (a record rule's first hit, or a
-pure function of the observation), the relaunch change it calls for, and whether it is an
-alarm or a check-in warning. When several kinds hold, the first in the table is reported.
+``RULES`` is the one table of kinds, most specific first: for each its check (a record rule's
+first hit, the record rule class being its ``record`` column, or a pure function of the
+observation), the relaunch change it calls for, and whether it is an alarm or a check-in
+warning. ``KINDS``, ``RECORD_RULES`` and ``change_for`` are derived from it. When several kinds
+hold, the first in the table is reported; ``no_progress`` escalates: it is consulted over an
+alarm whose fix is a relaunch, and reported instead when the last relaunches made none.
 
 Semantics, stated once (references/contract.md repeats them):
 - A process that cannot be seen from this host (none found, or a start record naming another
@@ -26,12 +29,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from . import ranks as rk
+from . import ranks as rk, rules as rr
 from .checkpoints import remaining_saves, rule_disk as disk_ahead
 from .logs import ENOSPC, enospc_line, is_fallout, last_error, oom_line
 from .observation import Observation, Verdict
-from .rules import KINDS, Anomaly, Thresholds, anomaly, is_warning, secs
 from .slurm import slurm_anomaly
+from .thresholds import Thresholds
+from .vocabulary import Anomaly, anomaly, secs
 
 # How near the end of the log an error must be to be the process's last word (lines after it).
 LAST_WORDS = 40
@@ -39,24 +43,22 @@ LAST_WORDS = 40
 
 @dataclass(frozen=True)
 class Rule:
-    """One kind: how it is found, what a relaunch changes, alarm or warning."""
+    """One kind, one row: how it is found, what a relaunch changes, alarm or warning."""
 
     kind: str
-    check: Callable[[Observation, Thresholds], Optional[Anomaly]]
+    check: Optional[Callable[[Observation, Thresholds], Optional[Anomaly]]] = None  # None: the record rule's first hit
     change: Optional[str] = None     # relaunch: "lr" (halve it), "batch" (halve, double accumulation), "same", None (no relaunch)
+    record: Optional[type] = None    # the rules.RecordRule class that finds it in the records, in order
     process: bool = False            # a process/time rule: it has nothing to say about a finished run
     escalates: bool = False          # consulted only over an alarm with a relaunch change, and then reported instead
+    alarm_flag: Optional[str] = None  # the Thresholds switch without which it is a check-in warning, not an alarm
+
+    def find(self, obs: Observation, th: Thresholds) -> Optional[Anomaly]:
+        return self.check(obs, th) if self.check is not None else obs.records.hits.get(self.kind)
 
     def is_warning(self, th: Thresholds) -> bool:
         """A check-in warning, not an alarm (overfit unless --overfit-alarm)."""
-        return is_warning(self.kind, th)
-
-
-def _hit(kind: str):
-    def check(obs: Observation, th: Thresholds) -> Optional[Anomaly]:
-        return obs.records.hits.get(kind)
-    check.__name__ = f"hit_{kind}"
-    return check
+        return self.alarm_flag is not None and not getattr(th, self.alarm_flag)
 
 
 # --- what ended: processes, the log ---------------------------------------------------------
@@ -344,34 +346,36 @@ def rule_timeout(obs, th):
 
 
 RULES = (
-    Rule("blind", rule_blind, None, process=True),
-    Rule("nan", _hit("nan"), "lr"),
-    Rule("fatal", rule_fatal, "same"),
+    Rule("blind", rule_blind, process=True),
+    Rule("no_progress", rule_no_progress, escalates=True),
+    Rule("nan", change="lr", record=rr.Nan),
+    Rule("fatal", rule_fatal, "same", record=rr.Fatal),
     Rule("oom", _first(rule_slurm("oom"), rule_oom), "batch", process=True),
     Rule("disk", rule_disk, "same", process=True),
     Rule("crash", _first(rule_slurm("crash"), rule_crash), "same", process=True),
     Rule("node_fail", rule_slurm("node_fail"), "same", process=True),
     Rule("preempted", rule_slurm("preempted"), "same", process=True),
-    Rule("diverged", _hit("diverged"), "lr"),
-    Rule("loss_spike", _hit("loss_spike"), "lr"),
+    Rule("diverged", change="lr", record=rr.Diverged),
+    Rule("loss_spike", change="lr", record=rr.LossSpike),
     Rule("dead", _first(rule_slurm("dead"), rule_dead), "same", process=True),
     Rule("rank_hang", rule_rank_hang, "same", process=True),
     Rule("stall", rule_stall, "same", process=True),
-    Rule("no_telemetry", rule_no_telemetry, None, process=True),
-    Rule("no_progress", rule_no_progress, None, escalates=True),
-    Rule("inverted_labels", _hit("inverted_labels"), None),
-    Rule("stuck_auroc", _hit("stuck_auroc"), None),
-    Rule("chance_loss", _hit("chance_loss"), None),
-    Rule("grad_explode", _hit("grad_explode"), "lr"),
-    Rule("grad_collapse", _hit("grad_collapse"), None),
-    Rule("overfit", _hit("overfit"), None),
-    Rule("throughput", _hit("throughput"), None),
+    Rule("no_telemetry", rule_no_telemetry, process=True),
+    Rule("inverted_labels", record=rr.InvertedLabels),
+    Rule("stuck_auroc", record=rr.StuckAuroc),
+    Rule("chance_loss", record=rr.ChanceLoss),
+    Rule("grad_explode", change="lr", record=rr.GradExplode),
+    Rule("grad_collapse", record=rr.GradCollapse),
+    Rule("overfit", record=rr.Overfit, alarm_flag="overfit_alarm"),
+    Rule("throughput", record=rr.Throughput),
     Rule("straggler", rule_straggler, "same", process=True),
     Rule("gpu_idle", rule_gpu_idle, "same", process=True),
-    Rule("timeout", _first(rule_slurm("timeout"), rule_timeout), None, process=True),
+    Rule("timeout", _first(rule_slurm("timeout"), rule_timeout), process=True),
 )
+# Derived from the one table, never kept beside it:
 BY_KIND = {r.kind: r for r in RULES}
-assert tuple(BY_KIND) == KINDS, "RULES must list every kind of rules.KINDS, in its order"
+KINDS = tuple(BY_KIND)                                        # every kind, most specific first
+RECORD_RULES = tuple(r.record for r in RULES if r.record)     # what the observer folds the records with
 
 
 def change_for(kind: Optional[str], message: str = "") -> Optional[str]:
@@ -384,6 +388,12 @@ def change_for(kind: Optional[str], message: str = "") -> Optional[str]:
         return "lr"
     rule = BY_KIND.get(kind)
     return rule.change if rule else None
+
+
+def is_warning(kind: str, th: Thresholds) -> bool:
+    """A kind that is a check-in warning, not an alarm, under these thresholds."""
+    rule = BY_KIND.get(kind)
+    return bool(rule and rule.is_warning(th))
 
 
 def _headline(obs: Observation) -> str:
@@ -430,8 +440,8 @@ def judge(obs: Observation, th: Thresholds) -> Verdict:
     if said is not None:
         return said
     if obs.stopped and not trainer and obs.sentinel is None:
-        first = next((a for r in RULES if not r.process and not r.is_warning(th)
-                      for a in (r.check(obs, th),) if a is not None), None)
+        first = next((a for r in RULES if not r.process and not r.escalates and not r.is_warning(th)
+                      for a in (r.find(obs, th),) if a is not None), None)
         if first is None:  # a first hit before the stop is still the verdict
             return Verdict("stopped", f"STOPPED: {obs.stopped} at step {obs.records.last_step}; no anomaly before it",
                            None, "STOPPED", notes, warnings)
@@ -441,7 +451,7 @@ def judge(obs: Observation, th: Thresholds) -> Verdict:
             continue
         if rule.process and finished and rule.kind != "blind" and not (late and rule.kind in ("oom", "crash")):
             continue  # a finished run's processes have ended: that is no anomaly
-        found = rule.check(obs, th)
+        found = rule.find(obs, th)
         if found is None or rule.is_warning(th):
             continue
         if obs.hold_for > 0:

@@ -47,81 +47,19 @@ from pathlib import Path
 from typing import Optional
 
 from . import registry
-from .cli import EXIT_OK, EXIT_USAGE, CommandParser, UsageError, duration, run_dir_arg
-from .contract import LOG, atomic_write_json, is_number, read_json, why_unreadable, why_unwritable
-from .probes import log_writers, process, same_process
-from .recovery import ENV, watchdog_line
+from .cli import CommandParser, UsageError, duration, front_door, run_dir_arg
+from .contract import atomic_write_json, is_number, why_unreadable, why_unwritable
+from .probes import log_writers, process
+from .recovery import watchdog_line
+from .state import launch_alive, read_launch, update_launch
+from .vocabulary import ENV, EXIT_OK, LAUNCH, LOG, ON_EXIT_LOG
 
-LAUNCH = "launch.json"
-ON_EXIT_LOG = "on_exit.log"
 LOCK = ".launch.lock"
 BUNDLE = Path(__file__).resolve().parents[1]
 # Where the session id comes from when --session-id is not given: Claude Code sets the first in
 # the environment of every Bash command it runs (checked with 2.1.197); the second is the name
 # an earlier draft of the skill documented.
 SESSION_VARS = ("CLAUDE_CODE_SESSION_ID", "CLAUDE_SESSION_ID")
-
-# field -> type read_launch accepts (float: any number but a bool); a field of another type
-# reads as None. pid, launched_at and argv are required: without them the record is None.
-FIELDS = {"pid": int, "pgid": int, "sid": int, "host": str, "create_time": float, "launched_at": float,
-          "argv": list, "cwd": str, "window_s": float, "session_id": str, "log": str, "run_dir": str,
-          "stop": dict, "stopped_at": float, "earlier": list, "env": dict, "replaced": list, "on_exit": list}
-
-
-# ----------------------------------------------------------------------------- the record
-def _typed(value, kind):
-    if kind is float:
-        return float(value) if is_number(value) else None
-    if kind is int:
-        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
-    return value if isinstance(value, kind) else None
-
-
-def sanitize(obj) -> Optional[dict]:
-    """A launch record as read from disk, every field of FIELDS present and typed (None when
-    absent or of another type); None when it is not an object or lacks pid, launched_at or a
-    non-empty argv of strings. The file is input, not trusted."""
-    if not isinstance(obj, dict):
-        return None
-    rec = {name: _typed(obj.get(name), kind) for name, kind in FIELDS.items()}
-    if rec["argv"] is not None and not (rec["argv"] and all(isinstance(a, str) for a in rec["argv"])):
-        rec["argv"] = None
-    if rec["pid"] is None or rec["launched_at"] is None or rec["argv"] is None:
-        return None
-    return rec
-
-
-def read_launch(run_dir) -> Optional[dict]:
-    """``RUN_DIR/launch.json``, sanitized; None when it is missing, unreadable or not a record."""
-    return sanitize(read_json(Path(run_dir) / LAUNCH))
-
-
-def on_this_host(rec: dict) -> bool:
-    """Whether the record's process can be seen from here (a record without a host: assumed so)."""
-    return not rec.get("host") or rec["host"] == socket.gethostname()
-
-
-def launch_alive(rec: Optional[dict]) -> bool:
-    """The launched process still runs: on this host, its pid alive (not a zombie) and its start
-    time within probes.SAME_PROCESS_S of the recorded one (a recycled pid is another process). A record
-    or a reading without a start time is judged by the pid alone. False on another host: it
-    cannot be seen from here (``on_this_host`` tells that case apart)."""
-    if not rec or not rec.get("pid") or not on_this_host(rec):
-        return False
-    return same_process(rec["pid"], rec.get("create_time"))
-
-
-def update_launch(run_dir, **fields) -> dict:
-    """Merge ``fields`` into ``RUN_DIR/launch.json`` (atomically) and return the new record.
-    OSError when it cannot be written; UsageError when there is no record to update."""
-    run = Path(run_dir)
-    old = read_json(run / LAUNCH)
-    if not isinstance(old, dict):
-        raise UsageError(f"{run / LAUNCH} is missing or unreadable")
-    new = {**old, **fields}
-    atomic_write_json(run / LAUNCH, new)
-    return new
-
 
 # ----------------------------------------------------------------------------- the launch
 def find_command(name: str, cwd: Path, path: Optional[str]) -> str:
@@ -385,13 +323,9 @@ def build_parser() -> CommandParser:
 
 
 def main(argv=None) -> int:
-    p = build_parser()
-    args = p.parse_args(argv)
-    try:
+    def body(args) -> int:
         rec = launch(args.run_dir, args.command, window_s=args.window, session_id=args.session_id or None,
                      extra_env=dict(args.env), replace=args.replace, grace_s=args.grace)
-    except UsageError as e:
-        print(f"{p.prog}: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    print(launched_line(rec), flush=True)
-    return EXIT_OK
+        print(launched_line(rec), flush=True)
+        return EXIT_OK
+    return front_door(build_parser(), body, argv)

@@ -23,7 +23,7 @@ from typing import Iterable, NamedTuple, Optional
 
 from .contract import tail_lines
 
-# MISSION.md: HF progress bars and weight-loading chatter bury the real error.
+# HF progress bars and weight-loading chatter bury the real error (references/gotchas.md).
 NOISE = re.compile(r"it/s|s/it|Materializing|Loading weights|^\s*\d+%\|")
 
 

@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping, Optional
 
+from .vocabulary import EXIT_ANOMALY, EXIT_OK, GONE
+
 EMPTY: Mapping = MappingProxyType({})
-GONE = ("gone", "zombie", "dead")
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,8 @@ class Proc:
     seen_alive: bool = True
     gone_for: float = 0.0            # s since this watchdog first saw it gone
     quiet_after_exit: float = 0.0    # child: s the metrics file has been silent since it went
+    cpu_percent: Optional[float] = None   # a one-shot look samples the first live root's CPU
+    rss: Optional[int] = None        # bytes
 
     @property
     def alive(self) -> bool:
@@ -54,6 +57,21 @@ class Records:
     steps_per_s: Optional[float] = None   # measured over the attempt's records (record time t)
     elapsed: Optional[float] = None  # record time t of the last record
     unknown: int = 0                 # records of no known kind
+
+    @property
+    def eta_s(self) -> Optional[float]:
+        """Seconds to total_steps at the recent pace: the median sps of the last five step
+        records over the samples per step (batch_size x world_size), else the attempt's
+        steps per second; None without a total or a pace."""
+        total = self.start.get("total_steps")
+        if not total or total <= self.last_step:
+            return None
+        per_step = (self.start.get("batch_size") or 0) * (self.start.get("world_size") or 1)
+        sps = sorted(r["sps"] for r in self.steps[-5:] if isinstance(r.get("sps"), (int, float))
+                     and not isinstance(r.get("sps"), bool) and r["sps"] > 0 and r["sps"] != float("inf"))
+        if sps and per_step:
+            return (total - self.last_step) / (sps[len(sps) // 2] / per_step)
+        return (total - self.last_step) / self.steps_per_s if self.steps_per_s else None
 
 
 @dataclass(frozen=True)
@@ -98,7 +116,7 @@ class Observation:
     sentinel: Optional[Mapping] = None    # the current run's completion sentinel, when written
     sentinel_name: str = "final_val_metrics.json"
     sentinel_mtime: Optional[float] = None
-    log_tail: tuple = ()             # filtered last lines of train.log (read when something ended)
+    log_tail: tuple = ()             # filtered last lines of train.log (read when something ended, or one-shot)
     log_mtime: Optional[float] = None
     root_cause: Any = None           # logs.RootCause of torchrun's failure block, when the log has one
     killed: Any = None               # logs.Killed: whether the root cause's SIGKILL was the OOM killer's
@@ -110,6 +128,10 @@ class Observation:
     gpu_idle_for: float = 0.0
     gpu_lines: tuple = ()            # one line per GPU, or the reason there is no reading
     disk: Any = None                 # checkpoints.DiskState of the run's checkpoint folders; None when none is known
+    resume: Any = None               # checkpoints.Checkpoint a relaunch resumes from (choose_resume), or None
+    resume_skipped: tuple = ()       # (Checkpoint, why) newer ones it skips: torn, or written after the first NaN
+    volume_free: Optional[tuple] = None   # (free, total) bytes of the file system holding RUN_DIR
+    last_error: Optional[str] = None # the log tail's OOM line, else its last error line
     blind: str = ""                  # why the run cannot be seen, '' when it can
     hold_for: float = 0.0            # s left of the relaunch grace: history alone, no process yet
     time_limit: Optional[float] = None    # s from `started` after which the run is over its plan
@@ -117,7 +139,7 @@ class Observation:
     failed_launches: int = 0         # launches after the last start record that died before writing one
     stopped: str = ""                # who stopped the launched trainer on purpose (scripts/stop.py), '' if nobody
     watchdog: Optional[WatchdogSeen] = None   # the run's watchdog (a one-shot look reads watchdog.json)
-    launch: Optional[Mapping] = None # launch.json, sanitized (launch.read_launch), when there is one
+    launch: Optional[Mapping] = None # launch.json, typed (state.read_launch), when there is one
 
     @property
     def alive(self) -> list:
@@ -143,7 +165,7 @@ class Verdict:
 
     @property
     def code(self) -> int:
-        return 7 if self.state == "anomaly" else 0
+        return EXIT_ANOMALY if self.state == "anomaly" else EXIT_OK
 
     @property
     def kind(self) -> Optional[str]:
@@ -155,4 +177,4 @@ def frozen(d: Optional[Mapping]) -> Mapping:
     return MappingProxyType(dict(d)) if d else EMPTY
 
 
-__all__ = ["EMPTY", "GONE", "Proc", "Records", "Observation", "Verdict", "WatchdogSeen", "frozen"]
+__all__ = ["EMPTY", "Proc", "Records", "Observation", "Verdict", "WatchdogSeen", "frozen"]

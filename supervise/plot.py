@@ -6,13 +6,13 @@ from __future__ import annotations
 import math
 import os
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
-from .cli import EXIT_OK, EXIT_USAGE, Parser, run_dir_arg
-from .contract import METRICS, WATCHDOG_STATE, is_finite, read_json, read_run, why_unreadable
-from .rules import Thresholds
+from .cli import Parser, UsageError, front_door, run_dir_arg
+from .contract import is_finite, read_json, read_run, why_unreadable
+from .thresholds import Thresholds
+from .vocabulary import EXIT_OK, METRICS, WATCHDOG_STATE
 
 MAX_POINTS = 4000
 
@@ -100,13 +100,14 @@ def plot(run_dir) -> str:
 def main(argv=None) -> int:
     p = Parser(prog="plot.py", description="Write RUN_DIR/metrics.png, a phone-friendly snapshot of metrics.jsonl.")
     p.add_argument("run_dir", metavar="RUN_DIR", type=run_dir_arg)
-    a = p.parse_args(argv)
-    if not Path(a.run_dir).is_dir():
-        print(f"plot.py: error: {a.run_dir} is not a run directory; pass the folder holding metrics.jsonl", file=sys.stderr)
-        return EXIT_USAGE
-    out = plot(a.run_dir)
+    return front_door(p, lambda a: _main(a.run_dir), argv)
+
+
+def _main(run_dir: str) -> int:
+    if not Path(run_dir).is_dir():
+        raise UsageError(f"{run_dir} is not a run directory; pass the folder holding metrics.jsonl")
+    out = plot(run_dir)
     if not out.endswith(".png"):
-        print(f"plot.py: error: {out.removeprefix('no plot: ')}", file=sys.stderr)
-        return EXIT_USAGE
+        raise UsageError(f"{out.removeprefix('no plot: ')}")
     print(out)
     return EXIT_OK

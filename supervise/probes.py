@@ -8,6 +8,8 @@ import shutil
 from dataclasses import dataclass, field
 from typing import Optional
 
+from .vocabulary import GONE
+
 try:
     import psutil
 except ImportError:  # a plain checkout run by a bare Python
@@ -31,7 +33,7 @@ class ProcInfo:
 
     @property
     def alive(self) -> bool:
-        return self.state not in ("gone", "zombie", "dead")
+        return self.state not in GONE
 
 
 def _proc_stat(pid: int) -> Optional[ProcInfo]:
@@ -84,16 +86,52 @@ def process(pid: int, cpu_interval: Optional[float] = None) -> ProcInfo:
     return ProcInfo(pid, "alive")
 
 
-SAME_PROCESS_S = 1.0   # start times this close are the same process (the kernel's boot time is whole seconds)
+# A process's start time is known to about a second (the kernel's boot time is whole seconds, and
+# two readings may straddle one): start times this close are the same process.
+SAME_PROCESS_S = 1.5
+
+
+def same_start(a: Optional[float], b: Optional[float]) -> bool:
+    """Two readings of a start time are one process's (either unknown: nothing says otherwise)."""
+    return a is None or b is None or abs(a - b) <= SAME_PROCESS_S
+
+
+def born_after(create_time: Optional[float], t: Optional[float]) -> bool:
+    """A process that started after ``t`` (a start record's time): it cannot have written it."""
+    return create_time is not None and t is not None and create_time > t + SAME_PROCESS_S
 
 
 def same_process(pid: int, create_time: Optional[float] = None) -> bool:
-    """``pid`` runs (not a zombie) and is the process that started at ``create_time`` (within
-    SAME_PROCESS_S: a recycled pid is another process); with no start time, the pid alone."""
+    """The one liveness test: ``pid`` runs (not a zombie, not gone) and is the process that
+    started at ``create_time`` (a recycled pid is another process); with no start time, the
+    pid alone."""
     info = process(pid)
-    if not info.alive:
-        return False
-    return create_time is None or info.create_time is None or abs(info.create_time - create_time) <= SAME_PROCESS_S
+    return info.alive and same_start(info.create_time, create_time)
+
+
+def group_members(pgid: int) -> list[int]:
+    """The live (not zombie) processes of process group ``pgid``: from /proc, else by signal 0."""
+    if os.path.isdir("/proc"):
+        out = []
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            rest = stat[stat.rfind(")") + 2:].split()
+            if len(rest) > 2 and rest[2] == str(pgid) and _PROC_STATES.get(rest[0], "running") not in GONE:
+                out.append(int(d))
+        return out
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return []
+    except PermissionError:
+        pass
+    return [pgid]
 
 
 def log_writers(log_path, exclude=()) -> dict[int, int]:
@@ -139,7 +177,7 @@ class ProcessWatch:
         info = process(pid)
         if info.create_time is not None:
             first = self.birth.setdefault(pid, info.create_time)
-            if abs(first - info.create_time) > 1.0:
+            if not same_start(first, info.create_time):
                 return ProcInfo(pid, "gone")
         return info
 

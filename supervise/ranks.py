@@ -26,13 +26,12 @@ from typing import Mapping, Optional
 
 from .contract import TailReader, is_count, is_finite
 from .logs import RootCause, oom_line
-from .rules import Anomaly, anomaly, secs
+from .vocabulary import GONE, Anomaly, anomaly, secs
 
 MAX_READ = 64 << 10       # bytes read from one rank file per poll (the rest is skipped, oldest first)
 FIRST_READ = 32 << 10     # bytes read from the end of a rank file the first time it is seen
 MAX_PARTIAL = 64 << 10    # a torn line longer than this is garbage, not a line in progress
 HISTORY = 512             # (time, sps) samples kept per rank
-GONE = ("gone", "zombie", "dead")
 
 
 @dataclass
@@ -210,10 +209,10 @@ def rank_dead(ranks: Mapping[int, RankState], procs: Mapping[int, str],
     bad.sort(key=lambda r: (r != first, ranks[r].step if ranks[r].step is not None else -1,
                             ranks[r].last_seen or 0.0, r))
     s = ranks[bad[0]]
+    shows = "torchrun's root cause" if len(ranks) > 1 else "the last error of train.log"
     return anomaly("dead", f"rank {s.rank} ({s.where()}) = {procs[s.pid]} != alive{_others(ranks, bad)}",
                    s.step or 0, "That rank's process exited without the run finishing: read its "
-                   "error in train.log (checkin.py shows torchrun's root cause), then relaunch from "
-                   "the last checkpoint")
+                   f"error in train.log (checkin.py shows {shows}), then relaunch from the last checkpoint")
 
 
 def rank_hang(ranks: Mapping[int, RankState], now: float, procs: Mapping[int, str],

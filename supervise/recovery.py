@@ -8,15 +8,11 @@ appended to ``RUN_DIR/train.log``, the quiet variables, recorded in launch.json'
 one physical line that passes the launch guard and returns at once. It keeps the script's own grammar: a flag it changes keeps
 its spelling and its form (``--lr=0.001`` stays one word, ``--lr 0.001`` two), a learning rate
 stays a float literal, a batch an integer, and a flag the script was not seen to take is never
-added. The kind of anomaly decides the change (see references/recovery.md):
-
-- ``oom``: halve the per-device batch, double gradient accumulation (same effective batch);
-- ``nan``, ``diverged``, ``grad_explode``, ``loss_spike`` (and a ``fatal`` whose reason is a
-  non-finite value): halve the learning rate;
-- ``disk`` (once space is freed), ``dead``, ``stall``, ``crash``, ``fatal``, ``preempted``, ``node_fail``, ``rank_hang``,
-  ``straggler``, ``gpu_idle`` and no kind at all (DEAD): the same command, resumed;
-- every other kind (labels, data, a plan that does not fit the window): no line, since
-  relaunching does not fix it.
+added. The change is the verdict's (``Verdict.change``: the ``change`` column of
+``judge.RULES``; references/recovery.md explains each row): ``lr`` halves the learning rate,
+``batch`` halves the per-device batch and doubles gradient accumulation (the same effective
+batch), ``same`` relaunches the same command resumed, None gives no line, since relaunching
+does not fix that kind.
 
 Resumed means the start record's recipe (``resume``: argv words, ``{checkpoint}`` standing for
 the checkpoint; ``resume_env``: variables), filled with the checkpoint given or the newest one
@@ -35,11 +31,11 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from .guard import PYTHON, QUIET
+from .checkpoints import checkpoint_dirs, resume_choice
+from .observation import Verdict
+from .vocabulary import ENV, HPARAMS, PYTHON
 
-ENV = {"PYTHONUNBUFFERED": "1", **QUIET}
 BUNDLE = Path(__file__).resolve().parents[1]
-HPARAMS = "hparams.json"
 CHECKPOINT = "{checkpoint}"
 
 
@@ -136,21 +132,16 @@ def _float(x: float) -> str:
     return repr(float(x))
 
 
-def change_for(kind: Optional[str], message: str = "") -> Optional[str]:
-    """'batch', 'lr', 'same', or None (no relaunch) for an anomaly kind: the rule table's."""
-    from .judge import change_for as table  # judge imports this module: the table is looked up late
-    return table(kind, message)
-
-
-def changed_argv(start: dict, kind: Optional[str], run_dir, message: str = "") -> tuple[Optional[list[str]], str]:
-    """(the script's argv with the change ``kind`` calls for, or None; a note: why there is no
-    argv, or what the change could not do)."""
+def changed_argv(start: dict, change: Optional[str], run_dir, kind: Optional[str] = None
+                 ) -> tuple[Optional[list[str]], str]:
+    """(the script's argv with ``change`` made (a verdict's: 'lr', 'batch', 'same'), or None; a
+    note: why there is no argv (``change`` None: a relaunch does not fix ``kind``), or what the
+    change could not do)."""
     argv = start.get("argv") if isinstance(start, dict) else None
     if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)):
         return None, "the start record has no argv/cwd (an older writer): relaunch it by hand"
-    change = change_for(kind, message)
     if change is None:
-        return None, f"a relaunch does not fix {kind}"
+        return None, f"a relaunch does not fix {kind or 'this'}"
     argv, hp = list(argv), _hparams(Path(run_dir))
     if change == "batch":
         batch, flag = _knob(argv, BATCH_FLAGS, start, hp)
@@ -177,34 +168,8 @@ def changed_argv(start: dict, kind: Optional[str], run_dir, message: str = "") -
     return argv, ""
 
 
-def relaunch_argv(start: dict, kind: Optional[str], run_dir, message: str = "", *,
-                  checkpoint: Optional[str] = None) -> Optional[list[str]]:
-    """The training command's argv (the script and its flags) for the relaunch, resumed by the
-    start record's recipe when there is one, or None."""
-    argv, _ = changed_argv(start, kind, run_dir, message)
-    if argv is None:
-        return None
-    words, _env, _note = resume_words(start, run_dir, checkpoint=checkpoint)
-    return with_resume(argv, words) if words is not None else argv
-
-
 # ----------------------------------------------------------------------------- resuming
-def _checkpoint_dirs(start: dict) -> list[str]:
-    d = start.get("checkpoint_dir") if isinstance(start, dict) else None
-    dirs = [d] if isinstance(d, str) else d if isinstance(d, list) else []
-    return [x for x in dirs if isinstance(x, str) and x]
-
-
-def _last_checkpoint(start: dict, first_bad_step: Optional[int] = None) -> Optional[str]:
-    """The checkpoint to resume from under the start record's ``checkpoint_dir``: the newest
-    complete one written before the first non-finite record (``checkpoints.choose_resume``: a
-    torn save or a poisoned one is skipped). None when none is left."""
-    from .checkpoints import choose_resume, find_checkpoints
-    chosen, _skipped = choose_resume(find_checkpoints(_checkpoint_dirs(start)), first_bad_step)
-    return str(chosen.path) if chosen is not None else None
-
-
-def _recipe(start: dict) -> tuple[Optional[list[str]], dict]:
+def recipe(start: dict) -> tuple[Optional[list[str]], dict]:
     """The start record's recipe: (argv words or None, environment)."""
     words = start.get("resume") if isinstance(start, dict) else None
     env = start.get("resume_env") if isinstance(start, dict) else None
@@ -217,17 +182,19 @@ def _recipe(start: dict) -> tuple[Optional[list[str]], dict]:
 def resume_words(start: dict, run_dir, *, checkpoint: Optional[str] = None,
                  first_bad_step: Optional[int] = None) -> tuple[Optional[list[str]], dict, str]:
     """(argv words, environment, note) that make the script continue: the start record's recipe
-    with ``{checkpoint}`` filled in (``checkpoint``, else the newest complete one under
-    ``checkpoint_dir`` written before ``first_bad_step``, the first non-finite record's).
+    with ``{checkpoint}`` filled in (``checkpoint``, else ``checkpoints.resume_choice``: the newest
+    complete one in the run's checkpoint folders written before ``first_bad_step``, the first
+    non-finite record's).
     (None, {}, why) when the relaunch cannot resume: no recipe, or no checkpoint yet."""
-    words, env = _recipe(start)
+    words, env = recipe(start)
     if words is None:
         return None, {}, ("the script declares no resume recipe (the start record has no 'resume'): this relaunch "
                           "starts over from step 0; see references/recovery.md to declare one")
     needs = any(CHECKPOINT in w for w in [*words, *env.values()])
-    dirs = _checkpoint_dirs(start)
+    dirs = [str(d) for d in checkpoint_dirs(run_dir, start)]
     if checkpoint is None and (needs or dirs):
-        checkpoint = _last_checkpoint(start, first_bad_step)
+        chosen, _skipped = resume_choice(run_dir, start, first_bad_step)
+        checkpoint = str(chosen.path) if chosen is not None else None
         if checkpoint is None:
             where = " or ".join(dirs) if dirs else "(the start record names no checkpoint_dir)"
             before = f" before the first non-finite record (step {first_bad_step})" if first_bad_step is not None else ""
@@ -291,13 +258,13 @@ def _sbatch(start: dict, run: Path, cwd: str, inner: str) -> tuple[str, str]:
     return f"mkdir -p {q(str(run))} && sbatch {shlex.join(args)}", note
 
 
-def relaunch_plan(start: dict, kind: Optional[str], run_dir, *, message: str = "", python: Optional[str] = None,
+def relaunch_plan(start: dict, verdict: Verdict, run_dir, *, python: Optional[str] = None,
                   checkpoint: Optional[str] = None, first_bad_step: Optional[int] = None,
                   window_s: Optional[float] = None) -> tuple[Optional[str], str]:
     """(the relaunch line or None, a note). The line is one physical line the agent runs as is
     (it passes supervise.guard and returns at once): ``cd CWD && PY scripts/launch.py RUN
-    --replace [--window W] [--env K=V] -- LAUNCHER ARGV RESUME`` with the change ``kind`` calls
-    for. Every attempt is a launch: the launcher stops the folder's live trainer first
+    --replace [--window W] [--env K=V] -- LAUNCHER ARGV RESUME`` with the change the verdict
+    calls for (``verdict.change``, the rule table's). Every attempt is a launch: the launcher stops the folder's live trainer first
     (``--replace``), starts the new one detached (own session, stdin /dev/null, appended to
     train.log, the quiet variables) and records it in launch.json's chain. A Slurm job's line is
     an ``sbatch`` resubmission. The note says why there is no line (relaunching does not fix the
@@ -305,12 +272,11 @@ def relaunch_plan(start: dict, kind: Optional[str], run_dir, *, message: str = "
     cannot do (no resume recipe or no checkpoint yet: it starts over); '' when there is nothing
     to add.
 
-    ``message``: the anomaly's line (a ``fatal`` caused by a non-finite value halves the LR);
     ``python``: the interpreter [the start record's ``python``, else ``python``]; ``checkpoint``:
     the checkpoint to resume from [the newest complete one under the start record's
     ``checkpoint_dir`` written before ``first_bad_step``, the first non-finite record's step];
     ``window_s``: the launch's --window, kept for the new attempt."""
-    argv, note = changed_argv(start, kind, run_dir, message)
+    argv, note = changed_argv(start, verdict.change, run_dir, verdict.kind)
     cwd = start.get("cwd") if isinstance(start, dict) else None
     if argv is None or not isinstance(cwd, str) or not cwd:
         return None, note or "the start record has no argv/cwd (an older writer): relaunch it by hand"
@@ -335,9 +301,9 @@ def relaunch_plan(start: dict, kind: Optional[str], run_dir, *, message: str = "
     return line, "; ".join(n for n in notes if n)
 
 
-def relaunch_line(start: dict, kind: Optional[str], run_dir, **how) -> Optional[str]:
+def relaunch_line(start: dict, verdict: Verdict, run_dir, **how) -> Optional[str]:
     """The line of ``relaunch_plan``, or None (then its note says why, and the agent asks the user)."""
-    return relaunch_plan(start, kind, run_dir, **how)[0]
+    return relaunch_plan(start, verdict, run_dir, **how)[0]
 
 
 # a watchdog's flags that name the old attempt's processes: a relaunch's watchdog finds its own

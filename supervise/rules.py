@@ -1,13 +1,12 @@
-"""Anomaly rules: one small unit per kind.
+"""The record rules: one small class per kind a record can show, and the fold of a run's records.
 
 Record rules see every record of the current run in order (``update(rec) -> Anomaly | None``)
-and the engine keeps their first hit, so what they report never depends on when a poll lands.
-The process, rank, scheduler and time rules are pure functions of one ``Observation``: they and
-the rule table that orders every kind live in judge.py. Every message has one shape:
-``ANOMALY <kind>: <what> = <value> <op> <threshold> at step N. <fix>.``
-Thresholds live in ``Thresholds``; every field is a watchdog flag (``--max-stall`` for
-``max_stall``) with its unit and default in ``--help`` and in references/thresholds.md.
-Standard library only: this is on the hot path.
+and ``RecordRules`` keeps their first hit, so what they report never depends on when a poll
+lands. Which classes run, in which order of report, and whether a kind is an alarm or a warning
+is ``judge.RULES``'s to say (its ``record`` column); the process, rank, scheduler and time rules
+are pure functions of one ``Observation`` and live there too. Messages have the one shape of
+``vocabulary.anomaly``; thresholds are ``thresholds.Thresholds``. Standard library only: this
+is on the hot path.
 """
 from __future__ import annotations
 
@@ -15,103 +14,12 @@ import math
 import re
 import statistics
 from collections import deque
-from dataclasses import dataclass, field, fields
 from typing import Optional
 
 from .contract import is_finite, kind_of
-from .logs import is_fallout  # (log knowledge lives in logs.py)
-
-# Every kind, most specific first: when several hold in one poll the first one is reported.
-KINDS = ("blind", "nan", "fatal", "oom", "disk", "crash", "node_fail", "preempted", "diverged", "loss_spike",
-         "dead", "rank_hang", "stall", "no_telemetry", "no_progress", "inverted_labels",
-         "stuck_auroc", "chance_loss", "grad_explode", "grad_collapse", "overfit", "throughput",
-         "straggler", "gpu_idle", "timeout")
-
-
-def _th(default, unit: str, doc: str, duration: bool = False):
-    return field(default=default, metadata={"unit": unit, "help": doc, "duration": duration})
-
-
-@dataclass(frozen=True)
-class Thresholds:
-    """Alarm thresholds (MISSION.md's table, plus what real runs taught). Units in metadata."""
-
-    poll: float = _th(30.0, "s", "seconds between polls of the metrics file", True)
-    max_stall: float = _th(360.0, "s", "metrics file unmodified this long while the process lives: stall", True)
-    min_stall: float = _th(120.0, "s", "the learned stall (--stall-factor x the longest gap between records) is never shorter than this", True)
-    stall_factor: float = _th(5.0, "x", "once the run shows its rhythm (20 step records and an eval, so that the longest gap holds an eval and a save), a silence this many times its longest gap is a stall; 0 turns learning off")
-    startup_grace: float = _th(300.0, "s", "silence allowed before the first step record (tokenizing, loading weights)", True)
-    orphan_grace: float = _th(2.0, "s", "relaunch grace: what a watchdog finds at attach with no process of the run (an old sentinel, FATAL, first hit or traceback) is confirmed after this long, so that a relaunch started beside it can show", True)
-    rank_grace: float = _th(10.0, "s", "one of several run processes gone this long while the others live: dead", True)
-    hard_timeout: float = _th(0.0, "s", "wall time since the run started after which it is over: timeout; 0 takes the limit from the plan (the launcher's --window, else the start record's total_steps at the measured step rate x --timeout-margin), and no limit while neither is known", True)
-    timeout_margin: float = _th(1.5, "x", "a run projected from its own step rate is over its plan after this many times the projection")
-    min_auroc: float = _th(0.70, "AUROC", "eval AUROC below this after --min-auroc-step: stuck_auroc; at or below 1 - this: inverted_labels")
-    min_auroc_step: int = _th(500, "steps", "warm-up before stuck_auroc applies")
-    num_labels: int = _th(2, "classes", "chance loss is ln(num_labels); a start record's value is used when this is not given")
-    chance_step: int = _th(400, "steps", "from this step a loss at chance is an alarm")
-    chance_margin: float = _th(0.05, "fraction", "median loss within this fraction of the chance loss counts as chance")
-    diverge_factor: float = _th(10.0, "x", "median loss above this many times max(chance loss, the run's best median) for --sustain records: diverged")
-    spike_factor: float = _th(2.0, "x", "loss above this many times the rolling mean of the --spike-window records before it, for --sustain records in a row: loss_spike")
-    spike_window: int = _th(20, "records", "records in the rolling mean a loss spike is measured against")
-    grad_high: float = _th(50.0, "grad norm", "pre-clip grad norm above this for --sustain records: grad_explode")
-    grad_low: float = _th(1e-3, "grad norm", "pre-clip grad norm below this for --sustain records: grad_collapse")
-    converged_loss: float = _th(0.01, "loss", "grad_collapse stays quiet while the recent median loss is at or below this (a solved task has tiny gradients)")
-    sustain: int = _th(5, "records", "consecutive step records a loss, grad or throughput condition must hold")
-    overfit_evals: int = _th(3, "evals", "eval loss rising this many evals in a row while the train loss falls: overfit (a check-in warning; an anomaly with --overfit-alarm)")
-    overfit_alarm: bool = _th(False, "switch", "make overfit an anomaly that ends the watch")
-    throughput_drop: float = _th(0.25, "fraction", "median sps this far below the baseline median for --throughput-window: throughput")
-    throughput_window: float = _th(300.0, "s", "how long (record time) a throughput drop must hold", True)
-    warmup_steps: int = _th(20, "steps", "steps left out of the throughput baseline (compilation, cache warm-up)")
-    baseline_steps: int = _th(200, "steps", "step records up to this step form the throughput baseline")
-    straggler_ratio: float = _th(0.75, "fraction", "a rank whose sps stays below this fraction of the others' median for --throughput-window: straggler")
-    gpu_idle: float = _th(300.0, "s", "the run's GPUs below --gpu-idle-util this long after the startup grace: gpu_idle", True)
-    gpu_idle_util: float = _th(5.0, "%", "GPU utilization under this counts as idle")
-    disk_margin: float = _th(1.5, "x", "the next checkpoint save needs this many times the measured bytes per save free on the checkpoints' file system: disk")
-    disk_min_saves: int = _th(5, "saves", "complete saves seen staying on disk (none deleted) before the run's remaining saves are projected against the free space; a rotation shows itself only at its limit, a declared save_total_limit at once")
-
-    @classmethod
-    def from_dict(cls, d) -> "Thresholds":
-        """Thresholds saved in a watchdog.json; unknown or wrong-typed values take the default."""
-        if not isinstance(d, dict):
-            return cls()
-        good = {}
-        for f in fields(cls):
-            v = d.get(f.name)
-            if isinstance(f.default, bool):
-                if isinstance(v, bool):
-                    good[f.name] = v
-            elif is_finite(v) and v >= 0:
-                good[f.name] = type(f.default)(v)
-        return cls(**good)
-
-    @classmethod
-    def describe(cls):
-        """(name, default, unit, help, is_duration) for every threshold, in order."""
-        for f in fields(cls):
-            yield f.name, f.default, f.metadata["unit"], f.metadata["help"], f.metadata["duration"]
-
-
-@dataclass(frozen=True)
-class Anomaly:
-    kind: str
-    step: int
-    message: str
-
-
-def anomaly(kind: str, what: str, step: int, fix: str) -> Anomaly:
-    """The one message shape: ``ANOMALY <kind>: <what> at step N. <fix>.``"""
-    assert kind in KINDS, kind
-    return Anomaly(kind, step, f"ANOMALY {kind}: {what} at step {step}. {fix.rstrip('.')}.")
-
-
-def _g(x) -> str:
-    if isinstance(x, float):
-        return str(x) if not math.isfinite(x) else f"{x:.4g}"
-    return repr(x) if isinstance(x, str) else str(x)
-
-
-def secs(x: float) -> str:
-    return f"{x:.0f}s" if x >= 10 else f"{x:.1f}s"
+from .logs import is_fallout
+from .thresholds import Thresholds
+from .vocabulary import Anomaly, anomaly, secs, shown
 
 
 def chance(n: Optional[int]) -> Optional[float]:
@@ -251,7 +159,7 @@ class Run:
 
     def lr_note(self) -> str:
         lr = self.steps[-1].get("lr") if self.steps else None
-        return f" (lr = {_g(lr)})" if is_finite(lr) else ""
+        return f" (lr = {shown(lr)})" if is_finite(lr) else ""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -288,7 +196,7 @@ class Nan(RecordRule):
         for name in ("loss", "grad_norm"):
             if name in rec and not is_finite(rec[name]):
                 v = rec[name]
-                return anomaly("nan", f"{name} = {'null' if v is None else _g(v)} is not finite", rec["step"],
+                return anomaly("nan", f"{name} = {'null' if v is None else shown(v)} is not finite", rec["step"],
                                "Abort: lower the learning rate, check the inputs for NaN/Inf and keep "
                                "gradient clipping on, then restart from the last good checkpoint")
         return None
@@ -315,7 +223,7 @@ class InvertedLabels(RecordRule):
         auroc = rec.get("eval_auroc")
         if not is_finite(auroc) or auroc > 1 - self.th.min_auroc:
             return None
-        return anomaly("inverted_labels", f"eval_auroc = {_g(auroc)} <= {_g(1 - self.th.min_auroc)}", rec["step"],
+        return anomaly("inverted_labels", f"eval_auroc = {shown(auroc)} <= {shown(1 - self.th.min_auroc)}", rec["step"],
                        "The model ranks the classes backwards: the labels are inverted, flip them "
                        "(label = 1 - label) or score the other class's probability")
 
@@ -330,7 +238,7 @@ class StuckAuroc(RecordRule):
         auroc = rec["eval_auroc"]
         if is_finite(auroc) and auroc >= self.th.min_auroc:
             return None
-        return anomaly("stuck_auroc", f"eval_auroc = {_g(auroc)} < {_g(self.th.min_auroc)}", rec["step"],
+        return anomaly("stuck_auroc", f"eval_auroc = {shown(auroc)} < {shown(self.th.min_auroc)}", rec["step"],
                        "Still near chance after the warm-up: check the label column and the text/label "
                        "alignment (a shuffled or constant label), then the learning rate")
 
@@ -351,7 +259,7 @@ class ChanceLoss(RecordRule):
         med = statistics.median(losses)
         if abs(med - c) > self.th.chance_margin * c:
             return None
-        return anomaly("chance_loss", f"median loss of the last {n} = {_g(med)} within {self.th.chance_margin:.0%} "
+        return anomaly("chance_loss", f"median loss of the last {n} = {shown(med)} within {self.th.chance_margin:.0%} "
                        f"of {self.run.chance_name()} = {c:.4g}", rec["step"],
                        "The model predicts the prior: check that the learning rate is not 0 or tiny"
                        f"{self.run.lr_note()}, the labels vary, and the loss sees the model's outputs")
@@ -380,7 +288,7 @@ class GradExplode(_Sustained):
         vals = self.values()
         if vals is None:
             return None
-        return anomaly("grad_explode", f"grad_norm = {_g(min(vals))} > {_g(self.th.grad_high)} for {len(vals)} records",
+        return anomaly("grad_explode", f"grad_norm = {shown(min(vals))} > {shown(self.th.grad_high)} for {len(vals)} records",
                        rec["step"], f"Gradients are exploding: halve the learning rate{self.run.lr_note()} (or "
                        "lengthen the warm-up) and keep max_grad_norm=1.0, then restart from the last checkpoint")
 
@@ -398,7 +306,7 @@ class GradCollapse(_Sustained):
         med = _median_finite(self.run.recent("loss", self.th.sustain))
         if med is not None and med <= self.th.converged_loss:
             return None  # converged, not collapsed
-        return anomaly("grad_collapse", f"grad_norm = {_g(max(vals))} < {_g(self.th.grad_low)} for {len(vals)} records",
+        return anomaly("grad_collapse", f"grad_norm = {shown(max(vals))} < {shown(self.th.grad_low)} for {len(vals)} records",
                        rec["step"], "Gradients vanished: check for frozen parameters, a learning rate decayed "
                        "to 0, or saturated outputs")
 
@@ -442,22 +350,22 @@ class Diverged(RecordRule):
             self.best = med
         c = self._declared_chance()
         if c and med > k * c:
-            return anomaly("diverged", f"median loss of the last {n} = {_g(med)} > {_g(k * c)} ({k:g} x chance "
+            return anomaly("diverged", f"median loss of the last {n} = {shown(med)} > {shown(k * c)} ({k:g} x chance "
                            f"{self.run.chance_name()} = {c:.4g})", rec["step"], self._fix())
         rise = self.run.recent("loss", 2 * n)
         if (len(rise) == 2 * n and all(map(is_finite, rise)) and rise[0] > 0 and rise[-1] > k * rise[0]
                 and all(b > a for a, b in zip(rise, rise[1:]))):
-            return anomaly("diverged", f"loss rising at each of the last {2 * n} records = {_g(rise[0])} -> "
-                           f"{_g(rise[-1])} > {k:g} x where it began", rec["step"], self._fix())
+            return anomaly("diverged", f"loss rising at each of the last {2 * n} records = {shown(rise[0])} -> "
+                           f"{shown(rise[-1])} > {k:g} x where it began", rec["step"], self._fix())
         if improved:
             return None
         ref = max(self.run.chance or 0.0, self.best)
         limit = k * ref
         if ref <= 0 or min(losses) <= limit:
             return None
-        return anomaly("diverged", f"median loss of the last {n} = {_g(med)} > {_g(limit)} "
-                       f"({k:g} x max(chance {_g(self.run.chance or 0.0)}, best median "
-                       f"{_g(self.best)}))", rec["step"], self._fix())
+        return anomaly("diverged", f"median loss of the last {n} = {shown(med)} > {shown(limit)} "
+                       f"({k:g} x max(chance {shown(self.run.chance or 0.0)}, best median "
+                       f"{shown(self.best)}))", rec["step"], self._fix())
 
 
 class LossSpike(RecordRule):
@@ -479,8 +387,8 @@ class LossSpike(RecordRule):
             if mean > 0 and loss > self.th.spike_factor * mean:
                 self.held.append(loss)
                 if len(self.held) >= self.th.sustain:
-                    return anomaly("loss_spike", f"loss = {_g(min(self.held))} > {self.th.spike_factor:g} x rolling "
-                                   f"mean {_g(mean)} for {len(self.held)} records", rec["step"],
+                    return anomaly("loss_spike", f"loss = {shown(min(self.held))} > {self.th.spike_factor:g} x rolling "
+                                   f"mean {shown(mean)} for {len(self.held)} records", rec["step"],
                                    f"A sustained loss spike: lower the learning rate{self.run.lr_note()}, check "
                                    "the data around this step for a bad shard, and restart from the last "
                                    "checkpoint before it")
@@ -513,8 +421,8 @@ class Overfit(RecordRule):
         falling = None not in train and train[-1] < train[0]
         if not (rising and falling):
             return None
-        return anomaly("overfit", f"eval_loss = {_g(pts[-1][0])} > {_g(pts[0][0])} rising for {n} evals while "
-                       f"the train loss fell {_g(train[0])} -> {_g(train[-1])}", rec["step"],
+        return anomaly("overfit", f"eval_loss = {shown(pts[-1][0])} > {shown(pts[0][0])} rising for {n} evals while "
+                       f"the train loss fell {shown(train[0])} -> {shown(train[-1])}", rec["step"],
                        "The model overfits: keep the best checkpoint, stop early, or add regularization "
                        "(weight decay, dropout, more data)")
 
@@ -559,36 +467,29 @@ class Throughput(RecordRule):
         held = t - self.since[0]
         if held < self.th.throughput_window:
             return None
-        return anomaly("throughput", f"median sps = {_g(med)} < {_g(floor)} ({self.th.throughput_drop:.0%} below the "
-                       f"baseline {_g(base)}) for {secs(held)} >= {secs(self.th.throughput_window)} since step "
+        return anomaly("throughput", f"median sps = {shown(med)} < {shown(floor)} ({self.th.throughput_drop:.0%} below the "
+                       f"baseline {shown(base)}) for {secs(held)} >= {secs(self.th.throughput_window)} since step "
                        f"{self.since[1]}", step,
                        "Throughput collapsed: check nvidia-smi for another process or thermal throttling, "
                        "a starved dataloader (num_workers), or swapping")
 
 
-RECORD_RULES = (Nan, Fatal, Diverged, LossSpike, InvertedLabels, StuckAuroc, ChanceLoss, GradExplode,
-                GradCollapse, Overfit, Throughput)
-WARNING_ONLY = ("overfit",)   # kinds that are a check-in warning unless their alarm flag is set
-
-
-def is_warning(kind: str, th: Thresholds) -> bool:
-    """A kind that is a check-in warning, not an alarm, under these thresholds."""
-    return kind in WARNING_ONLY and not th.overfit_alarm
-
-
 class RecordRules:
-    """Every record rule over the current run. ``add(rec)`` folds one record; a start record
-    begins a new run (attempt) and forgets the old one's findings: its FATAL is history."""
+    """The record rules over the current run. ``add(rec)`` folds one record; a start record
+    begins a new run (attempt) and forgets the old one's findings: its FATAL is history.
+    ``classes``: the RecordRule classes to run (``judge.RECORD_RULES``, the rule table's record
+    column); ``hits``: kind -> the first hit of each, alarms and warnings alike (the judge tells
+    them apart)."""
 
-    def __init__(self, th: Thresholds = Thresholds(), num_labels_given: bool = False):
-        self.th, self.num_labels_given = th, num_labels_given
+    def __init__(self, th: Thresholds, classes, num_labels_given: bool = False):
+        self.th, self.classes, self.num_labels_given = th, tuple(classes), num_labels_given
         self.starts = 0
         self.attempts: list = []   # [start record, its first logged step or None], oldest first
         self._new(None)
 
     def _new(self, start: Optional[dict]) -> None:
         self.run = Run(self.th, start, self.num_labels_given)
-        self.rules = [cls(self.th, self.run) for cls in RECORD_RULES]
+        self.rules = [cls(self.th, self.run) for cls in self.classes]
         self.hits: dict = {}
 
     def add(self, rec: dict) -> None:
@@ -606,41 +507,3 @@ class RecordRules:
                 found = rule.update(rec)
                 if found is not None:
                     self.hits[rule.kind] = found
-
-    def findings(self) -> dict:
-        """kind -> first hit, warnings left out unless their alarm flag is on."""
-        return {k: a for k, a in self.hits.items() if not is_warning(k, self.th)}
-
-    def warnings(self) -> list:
-        return [a for k, a in self.hits.items() if is_warning(k, self.th)]
-
-
-def thresholds_markdown() -> str:
-    """references/thresholds.md, generated from ``Thresholds`` and ``KINDS`` (a test keeps the
-    file equal to this text)."""
-    rows = []
-    for name, default, unit, doc, is_duration in Thresholds.describe():
-        shown = "off" if default is False else f"{default:g}s" if is_duration else f"{default:g}"
-        rows.append(f"| `--{name.replace('_', '-')}` | {shown} | {unit} | {doc} |")
-    return "\n".join([
-        "# Watchdog flags and thresholds",
-        "",
-        "Generated from `supervise.rules.Thresholds` (`python -c \"from supervise.rules import "
-        "thresholds_markdown as t; print(t(), end='')\" > references/thresholds.md`); a test fails when it drifts.",
-        "",
-        "`python scripts/watchdog.py RUN_DIR [flags]`. Durations take seconds or `90s`, `6m`, `3h`.",
-        "Exit 0: `OK done: ...`; exit 7: `ANOMALY <kind>: ...`; exit 2: bad usage (one line);",
-        "SIGTERM/SIGINT/SIGHUP: `STOPPED: ...`, exit 0, state saved. Other flags: `--pid PID` (repeatable),",
-        "`--log PATH` (default `RUN_DIR/train.log`), `--sentinel NAME` (default `final_val_metrics.json`).",
-        "",
-        "| flag | default | unit | meaning |",
-        "| --- | --- | --- | --- |",
-        *rows,
-        "",
-        "Kinds, most specific first (when several hold in one poll, the first is reported): "
-        + ", ".join(f"`{k}`" for k in KINDS) + ".",
-        "Record kinds report the first step where they held, whatever the poll interval. `overfit` is a",
-        "check-in warning unless `--overfit-alarm` is given. With no GPU or no NVML, `gpu_idle` is off",
-        "and `watchdog.json` says so.",
-        "",
-    ])

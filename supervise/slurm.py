@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from .logs import last_error, log_tail, oom_line, root_cause
-from .rules import Anomaly, anomaly
+from .vocabulary import Anomaly, anomaly
 
 TIMEOUT_S = 10.0
 SQUEUE_FORMAT = "JobID:|,State:|,Reason:|,NodeList:|,STDOUT:|,Name:|"

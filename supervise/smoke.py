@@ -22,10 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from .cli import EXIT_ANOMALY, EXIT_OK, EXIT_USAGE, Parser, duration, fraction, positive_float, positive_int, \
-    run_dir_arg
-from .contract import LOG, METRICS, SENTINEL, is_finite, read_json, read_run, validate_file, why_unreadable
-from .guard import QUIET, V4_ARGS
+from .cli import Parser, UsageError, duration, fraction, front_door, positive_float, positive_int, run_dir_arg
+from .checkpoints import run_checkpoints
+from .contract import is_finite, read_json, read_run, validate_file, why_unreadable
+from .guard import V4_ARGS
+from .vocabulary import EXIT_ANOMALY, EXIT_OK, LOG, METRICS, QUIET, SENTINEL
 
 
 @dataclass
@@ -170,30 +171,10 @@ def _mtime(p: Path) -> float:
         return 0.0
 
 
-CKPT_FILES = (".pt", ".pth", ".ckpt")
-
-
 def _checkpoints(run_dir: Path, start: Optional[dict] = None) -> list[Path]:
-    """Checkpoints under the run directory and the start record's checkpoint_dir, oldest first:
-    a folder with config.json and weights (a Trainer's checkpoint-N once its trainer_state.json,
-    written last, is there), or a .pt/.pth/.ckpt file."""
-    from .recovery import _checkpoint_dirs
-    found, seen = [], set()
-    for top in [run_dir, *map(Path, _checkpoint_dirs(start or {}))]:
-        for root, dirs, files in os.walk(top):
-            p = Path(root)
-            if "config.json" in files and any(f.endswith((".safetensors", ".bin")) for f in files):
-                if not p.name.startswith("checkpoint-") or "trainer_state.json" in files:
-                    found.append(p)
-                dirs[:] = []
-                continue
-            found += [p / f for f in files if f.endswith(CKPT_FILES)]
-    out = []
-    for c in found:
-        if c.resolve() not in seen:
-            seen.add(c.resolve())
-            out.append(c)
-    return sorted(out, key=_mtime)
+    """The run's complete checkpoints, oldest step first: ``checkpoints.run_checkpoints``, the
+    resolver check-in and the relaunch use (a save still under a temporary name is none yet)."""
+    return [Path(c.path) for c in run_checkpoints(run_dir, start) if c.complete]
 
 
 def _shown(ck: Path, run_dir: Path) -> str:
@@ -345,11 +326,6 @@ def run_command(run_dir: Path, command: list[str], timeout: float, env: Optional
     return Row("command", True, f"exit 0 after {took:.0f}s")
 
 
-def _saved(run_dir: Path, start: Optional[dict] = None) -> list[Path]:
-    """Complete checkpoints only: what a save writes under a temporary (dot) name is not one yet."""
-    return [c for c in _checkpoints(run_dir, start) if not any(x.startswith(".") for x in c.parts[-3:])]
-
-
 def _saved_step(ck: Path, evals) -> Optional[int]:
     """The step a checkpoint holds: checkpoint-N / step=N in its name, else its step field
     (step, global_step: Lightning, iter_num: nanoGPT; also under "state"), else the last eval's
@@ -386,7 +362,7 @@ def run_resumed(run_dir: Path, command: list[str], timeout: float) -> list[Row]:
     record lies at most one logging interval after it). A script whose start record declares no
     recipe runs to its end once, and the resume row is a SKIP that says so."""
     import signal
-    from .recovery import _recipe, resume_words, with_resume
+    from .recovery import recipe, resume_words, with_resume
     log_path = run_dir / LOG
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -409,9 +385,9 @@ def run_resumed(run_dir: Path, command: list[str], timeout: float) -> list[Row]:
             while p.poll() is None and time.time() - t0 < timeout:
                 time.sleep(0.2)
                 start0 = start0 or _this_start(run_dir, before)
-                if start0 is not None and _recipe(start0)[0] is None:
+                if start0 is not None and recipe(start0)[0] is None:
                     continue  # nothing to resume with: let it run to its end
-                saved = _saved(run_dir, start0) if start0 is not None else []
+                saved = _checkpoints(run_dir, start0) if start0 is not None else []
                 if saved:
                     break
         finally:
@@ -429,10 +405,10 @@ def run_resumed(run_dir: Path, command: list[str], timeout: float) -> list[Row]:
             ran = Row("command", p.returncode == 0, f"exit {p.returncode} after {took:.0f}s{err}")
         else:
             ran = Row("command", False, f"still running after {timeout:.0f}s: a smoke run should take minutes")
-        if start0 and _recipe(start0)[0] is None:
+        if start0 and recipe(start0)[0] is None:
             return [ran, Row("resume", None, "the start record declares no resume recipe, so a relaunch starts over: "
                              "declare one (references/recovery.md) to check that the script continues")]
-        if _saved(run_dir, start0):
+        if _checkpoints(run_dir, start0):
             return [ran, Row("resume", None, "the run ended before it could be killed after its first checkpoint")]
         return [ran, Row("resume", False, "no checkpoint was saved before the run ended: nothing to resume from")]
     _, steps0, evals0 = _records(run_dir)
@@ -501,23 +477,21 @@ def main(argv=None) -> int:
     p.add_argument("--epochs", type=positive_float, default=1.0, metavar="E", help="epochs of the full run (default: 1)")
     p.add_argument("--window", type=duration, metavar="W", help="the GPU window, e.g. 8h")
     p.add_argument("--timeout", type=duration, default=1800.0, help="longest the smoke command may run (default: 30m)")
-    a = p.parse_args(argv)
+    return front_door(p, lambda a: _main(a, command), argv)
+
+
+def _main(a, command: list) -> int:
     run_dir = Path(a.run_dir)
     if run_dir.exists() and not run_dir.is_dir():
-        print(f"smoke.py: error: {run_dir} is a file, not a run directory", file=sys.stderr)
-        return EXIT_USAGE
+        raise UsageError(f"{run_dir} is a file, not a run directory")
     if not command and not run_dir.is_dir():
-        print(f"smoke.py: error: {run_dir} does not exist; give the command to run after --", file=sys.stderr)
-        return EXIT_USAGE
+        raise UsageError(f"{run_dir} does not exist; give the command to run after --")
     unreadable = why_unreadable(run_dir / METRICS)
     if not command and unreadable:
-        print(f"smoke.py: error: {unreadable}; point RUN_DIR at a run whose script appends to a plain "
-              f"{METRICS}", file=sys.stderr)
-        return EXIT_USAGE
+        raise UsageError(f"{unreadable}; point RUN_DIR at a run whose script appends to a plain "
+              f"{METRICS}")
     if a.script is not None and (not a.script.is_file() or why_unreadable(a.script)):
-        print(f"smoke.py: error: --script {a.script} is not a readable regular file; pass the training script",
-              file=sys.stderr)
-        return EXIT_USAGE
+        raise UsageError(f"--script {a.script} is not a readable regular file; pass the training script")
     rows = smoke(run_dir, command, a.script, a.num_labels, a.margin, a.full_samples, a.epochs, a.window, a.timeout)
     for r in rows:
         print(r.line())

@@ -1,7 +1,12 @@
-"""``RUN_DIR/watchdog.json``: what a watchdog writes each poll (atomically) and what check-in and
-the observer read back: its pid and start time (so that a recycled pid is not taken for it), its
-last poll, its flags, and its verdict once it ends. The file is input, not trusted: every field
-is typed on reading. Standard library only: this is on the hot path.
+"""The run folder's state files, as records typed on reading (the files are input, not trusted):
+
+- ``RUN_DIR/watchdog.json`` (``WatchState``): what a watchdog writes each poll (atomically) and
+  what check-in and the observer read back: its pid and start time (so that a recycled pid is
+  not taken for it), its last poll, its flags, and its verdict once it ends;
+- ``RUN_DIR/launch.json`` (``read_launch``, ``update_launch``, ``launch_alive``): the launcher's
+  record of the folder's launches (scripts/launch.py writes it, scripts/stop.py adds the stop).
+
+Standard library (+psutil through probes): this is on the hot path.
 """
 from __future__ import annotations
 
@@ -9,7 +14,13 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .contract import is_number
+import socket
+from pathlib import Path
+
+from .cli import UsageError
+from .contract import atomic_write_json, is_number, read_json
+from .probes import same_process
+from .vocabulary import LAUNCH
 
 FINAL = ("done", "anomaly", "stopped")   # states a watchdog ends in
 
@@ -80,3 +91,65 @@ class WatchState:
         out.warnings = [w for w in out.warnings if isinstance(w, str)]
         out.argv = [a for a in out.argv if isinstance(a, str)]
         return out
+
+
+# field -> type read_launch accepts (float: any number but a bool); a field of another type
+# reads as None. pid, launched_at and argv are required: without them the record is None.
+FIELDS = {"pid": int, "pgid": int, "sid": int, "host": str, "create_time": float, "launched_at": float,
+          "argv": list, "cwd": str, "window_s": float, "session_id": str, "log": str, "run_dir": str,
+          "stop": dict, "stopped_at": float, "earlier": list, "env": dict, "replaced": list, "on_exit": list}
+
+
+def _field(value, kind):
+    if kind is float:
+        return float(value) if is_number(value) else None
+    if kind is int:
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+    return value if isinstance(value, kind) else None
+
+
+def typed_launch(obj) -> Optional[dict]:
+    """A launch record as read from disk, every field of FIELDS present and typed (None when
+    absent or of another type); None when it is not an object or lacks pid, launched_at or a
+    non-empty argv of strings. The file is input, not trusted."""
+    if not isinstance(obj, dict):
+        return None
+    rec = {name: _field(obj.get(name), kind) for name, kind in FIELDS.items()}
+    if rec["argv"] is not None and not (rec["argv"] and all(isinstance(a, str) for a in rec["argv"])):
+        rec["argv"] = None
+    if rec["pid"] is None or rec["launched_at"] is None or rec["argv"] is None:
+        return None
+    return rec
+
+
+def read_launch(run_dir) -> Optional[dict]:
+    """``RUN_DIR/launch.json``, typed; None when it is missing, unreadable or not a record."""
+    return typed_launch(read_json(Path(run_dir) / LAUNCH))
+
+
+def on_this_host(rec: dict) -> bool:
+    """Whether the record's process can be seen from here (a record without a host: assumed so)."""
+    return not rec.get("host") or rec["host"] == socket.gethostname()
+
+
+def launch_alive(rec: Optional[dict]) -> bool:
+    """The launched process still runs: on this host, its pid alive (not a zombie) and its start
+    time within probes.SAME_PROCESS_S of the recorded one (a recycled pid is another process). A record
+    or a reading without a start time is judged by the pid alone. False on another host: it
+    cannot be seen from here (``on_this_host`` tells that case apart)."""
+    if not rec or not rec.get("pid") or not on_this_host(rec):
+        return False
+    return same_process(rec["pid"], rec.get("create_time"))
+
+
+def update_launch(run_dir, **fields) -> dict:
+    """Merge ``fields`` into ``RUN_DIR/launch.json`` (atomically) and return the new record.
+    OSError when it cannot be written; UsageError when there is no record to update (the
+    caller's front door turns it into one line)."""
+    run = Path(run_dir)
+    old = read_json(run / LAUNCH)
+    if not isinstance(old, dict):
+        raise UsageError(f"{run / LAUNCH} is missing or unreadable")
+    new = {**old, **fields}
+    atomic_write_json(run / LAUNCH, new)
+    return new

@@ -13,43 +13,18 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .cli import EXIT_ANOMALY, EXIT_OK, EXIT_USAGE, Parser, UsageError, duration, run_dir_arg
-from .launch import LAUNCH, on_this_host, read_launch, update_launch
-from .probes import process, same_process
+from .cli import Parser, UsageError, duration, front_door, run_dir_arg
+from .probes import group_members, process, same_process
+from .state import on_this_host, read_launch, update_launch
+from .vocabulary import EXIT_ANOMALY, EXIT_OK, LAUNCH
 
 GRACE_S = 30.0
 KILL_WAIT_S = 10.0   # after SIGKILL: only a process stuck in the kernel (state D) takes longer
 TICK_S = 0.05
-
-
-def group_pids(pgid: int) -> list[int]:
-    """The live (not zombie) processes of process group ``pgid``: from /proc, else by signal 0."""
-    if os.path.isdir("/proc"):
-        out = []
-        for d in os.listdir("/proc"):
-            if not d.isdigit():
-                continue
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    stat = f.read()
-            except OSError:
-                continue
-            rest = stat[stat.rfind(")") + 2:].split()
-            if len(rest) > 2 and rest[2] == str(pgid) and rest[0] not in ("Z", "X"):
-                out.append(int(d))
-        return out
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return []
-    except PermissionError:
-        pass
-    return [pgid]
 
 
 @dataclass
@@ -61,7 +36,7 @@ class Stopped:
 def _wait_gone(pgid: int, seconds: float, clock) -> bool:
     end = clock() + seconds
     while True:
-        if not group_pids(pgid):
+        if not group_members(pgid):
             return True
         if clock() >= end:
             return False
@@ -82,7 +57,7 @@ def stop(run_dir, grace_s: float = GRACE_S, *, by: str = "stop.py", clock=time.m
     if not on_this_host(rec):
         raise UsageError(f"{who} was launched on {rec['host']}, not on {socket.gethostname()}: run stop.py there")
     recycled = pgid == pid and process(pid).alive and not same_process(pid, rec["create_time"])
-    if recycled or not group_pids(pgid):
+    if recycled or not group_members(pgid):
         return Stopped(EXIT_OK, f"{who} is already gone; nothing to stop")
     stop_rec = {"requested_at": time.time(), "by": by, "grace_s": grace_s}
     note = ""
@@ -103,7 +78,7 @@ def stop(run_dir, grace_s: float = GRACE_S, *, by: str = "stop.py", clock=time.m
     except PermissionError:
         raise UsageError(f"not allowed to signal {who} (another user's process): run stop.py as its owner")
     took = clock() - t0
-    gone = not group_pids(pgid)
+    gone = not group_members(pgid)
     if not signals:
         return Stopped(EXIT_OK, f"{who} is already gone; nothing to stop")
     steps = "SIGTERM" if len(signals) == 1 else f"SIGTERM, still running after {grace_s:g}s; SIGKILL"
@@ -150,12 +125,8 @@ def build_parser() -> Parser:
 
 
 def main(argv=None) -> int:
-    p = build_parser()
-    args = p.parse_args(argv)
-    try:
+    def body(args) -> int:
         out = stop(args.run_dir, args.grace)
-    except UsageError as e:
-        print(f"{p.prog}: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    print(out.line, flush=True)
-    return out.code
+        print(out.line, flush=True)
+        return out.code
+    return front_door(build_parser(), body, argv)

@@ -20,20 +20,18 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from . import registry
-from . import slurm as sl
-from .cli import EXIT_USAGE, Parser, UsageError, count, duration, fraction, positive_float, positive_int, run_dir_arg
-from .contract import LOG, METRICS, SENTINEL, WATCHDOG_STATE, atomic_write_json, read_json, why_unreadable, \
-    why_unwritable
+from . import registry, slurm as sl
+from .cli import Parser, UsageError, front_door, count, duration, fraction, positive_float, positive_int, run_dir_arg
+from .contract import atomic_write_json, read_json, why_unreadable, why_unwritable
 from .engine import Observer
 from .judge import judge
 from .launch import run_on_exit
 from .observation import Verdict
 from .probes import process
-from .rules import Thresholds
 from .state import WatchState
+from .thresholds import Thresholds
+from .vocabulary import LOG, METRICS, SENTINEL, WATCHDOG_LOG, WATCHDOG_STATE
 
-WATCHDOG_LOG = "watchdog.log"
 LOCK = ".watchdog.lock"
 BUNDLE = Path(__file__).resolve().parents[1]
 
@@ -230,47 +228,43 @@ def sentinel_name(text: str) -> str:
 
 
 def main(argv=None, gpu=None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    return front_door(build_parser(), lambda args: watch(args, argv, gpu), argv)
+
+
+def watch(args, argv: list, gpu=None) -> int:
+    """The watchdog from its parsed flags: check what it will read and write (UsageError, before
+    anything starts), then watch in the foreground, or start it detached (``--detach``)."""
     given = {n: getattr(args, n) for n, *_ in Thresholds.describe() if getattr(args, n) is not None}
     th = Thresholds(**given)
     if th.grad_low >= th.grad_high:
-        print(f"watchdog.py: error: --grad-low {th.grad_low:g} must be below --grad-high {th.grad_high:g}",
-              file=sys.stderr)
-        return EXIT_USAGE
+        raise UsageError(f"--grad-low {th.grad_low:g} must be below --grad-high {th.grad_high:g}")
     run_dir = Path(args.run_dir)
     why = why_unwritable(run_dir)
     if why:
-        print(f"watchdog.py: error: run directory {run_dir} is not writable ({why}); "
-              "pass a folder the watchdog can write watchdog.json into", file=sys.stderr)
-        return EXIT_USAGE
+        raise UsageError(f"run directory {run_dir} is not writable ({why}); pass a folder the watchdog can write "
+                         "watchdog.json into")
     log = Path(args.log) if args.log else run_dir / LOG
     for path in (run_dir / METRICS, log, run_dir / args.sentinel):
         why = why_unreadable(path)
         if why:
-            print(f"watchdog.py: error: {why}; the watchdog would be blind: fix it (a readable regular file) "
-                  "and start again", file=sys.stderr)
-            return EXIT_USAGE
+            raise UsageError(f"{why}; the watchdog would be blind: fix it (a readable regular file) and start again")
     if args.slurm_job:
         job = sl.query(args.slurm_job)
         if job.error:
-            print(f"watchdog.py: error: {job.error}", file=sys.stderr)
-            return EXIT_USAGE
-    flags = list(sys.argv[1:] if argv is None else argv)
+            raise UsageError(job.error)
+    flags = list(argv)
     flags.remove(args.run_dir)
     flags = ["--detach" if f == "--detached" else f for f in flags]  # what check-in offers again
-    try:
-        if args.detach and not args.detached:
-            return detach(run_dir, flags)
-        with sole_watchdog(run_dir):
-            watcher = Watchdog(run_dir, th, pids=args.pid, log=log, sentinel=args.sentinel, gpu=gpu,
-                               num_labels_given="num_labels" in given, slurm_job=args.slurm_job,
-                               checkpoint_dirs=tuple(args.checkpoint_dir))
-            watcher.argv = tuple(flags)
-            registry.register(run_dir, os.getpid(), args.pid)
-            return run(watcher, on_exit=args.on_exit)
-    except UsageError as e:
-        print(f"watchdog.py: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
+    if args.detach and not args.detached:
+        return detach(run_dir, flags)
+    with sole_watchdog(run_dir):
+        watcher = Watchdog(run_dir, th, pids=args.pid, log=log, sentinel=args.sentinel, gpu=gpu,
+                           num_labels_given="num_labels" in given, slurm_job=args.slurm_job,
+                           checkpoint_dirs=tuple(args.checkpoint_dir))
+        watcher.argv = tuple(flags)
+        registry.register(run_dir, os.getpid(), args.pid)
+        return run(watcher, on_exit=args.on_exit)
 
 
 def _holder(run_dir: Path) -> str:

@@ -14,7 +14,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from supervise.contract import METRICS, SENTINEL, atomic_write_json, dumps  # noqa: E402
+from supervise.contract import atomic_write_json, dumps  # noqa: E402
+from supervise.vocabulary import METRICS, SENTINEL  # noqa: E402
 
 
 class MetricsWriter:

@@ -11,7 +11,8 @@ import time
 from pathlib import Path
 
 from conftest import FAKE, ROOT
-from supervise.launch import LAUNCH, launch_alive, read_launch
+from supervise.state import launch_alive, read_launch
+from supervise.vocabulary import LAUNCH
 
 LAUNCHER = ROOT / "scripts" / "launch.py"
 STOPPER = ROOT / "scripts" / "stop.py"

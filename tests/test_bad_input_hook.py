@@ -10,7 +10,8 @@ import time
 import pytest
 
 from conftest import ROOT
-from supervise.guard import MAX_COMMAND, QUIET
+from supervise.guard import MAX_COMMAND
+from supervise.vocabulary import QUIET
 
 ENV = {k: v for k, v in os.environ.items() if k not in QUIET and k not in ("PYTHONUNBUFFERED", "SUPERVISE_GUARD_OFF")}
 

@@ -12,8 +12,10 @@ import pytest
 from conftest import SCRIPTS, run_script
 from supervise import registry
 from supervise.contract import atomic_write_json
+from supervise.judge import KINDS
 from supervise.observation import Verdict
-from supervise.rules import KINDS, Thresholds, anomaly
+from supervise.thresholds import Thresholds
+from supervise.vocabulary import anomaly
 from supervise.watch import Watchdog
 
 STEP = '{"step": %d, "t": %d, "loss": 0.4, "lr": 0.0001, "grad_norm": 1.0, "sps": 100}\n'

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from supervise.checkpoints import (CheckpointWatch, checkpoint_dirs, choose_resume, declared_keep, examine,
-                                   find_checkpoints, remaining_saves, resume_lines, rule_disk)
+from supervise.checkpoints import CheckpointWatch, checkpoint_dirs, choose_resume, declared_keep, examine, \
+    find_checkpoints, remaining_saves, resume_lines, rule_disk
 from supervise.logs import enospc_line, log_tail
-from supervise.rules import Thresholds
+from supervise.thresholds import Thresholds
 
 ROOT = Path(__file__).resolve().parents[1]
 WRITER = ROOT / "tests" / "ckpt_writer.py"

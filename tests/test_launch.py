@@ -21,8 +21,10 @@ from conftest import ROOT
 from launching import LAUNCHER, STOPPER, as_run, end_launched, keeps_writing, lines, pid_alive, procs_with, trainer_argv, \
     wait_for
 from supervise import registry
-from supervise.launch import LAUNCH, launch_alive, read_launch, run_on_exit, sanitize
+from supervise.launch import run_on_exit
 from supervise.recovery import watchdog_line
+from supervise.state import launch_alive, read_launch, typed_launch
+from supervise.vocabulary import LAUNCH
 
 
 @pytest.fixture
@@ -371,7 +373,7 @@ UNSET = {"stop": None, "stopped_at": None, "earlier": None, "env": None, "replac
     ({k: v for k, v in REC.items() if k != "launched_at"}, None), ([REC], None), ("launch", None), (None, None),
 ])
 def test_a_launch_record_is_read_with_its_types_checked(raw, expect):
-    assert sanitize(raw) == expect
+    assert typed_launch(raw) == expect
 
 
 @pytest.mark.parametrize("text", ["", "{", "[]", "null", '{"pid": 1}', "\x00" * 10])

@@ -6,10 +6,10 @@ import socket
 import pytest
 
 from supervise import ranks as R
+from supervise.judge import KINDS
 from supervise.logs import root_cause
-from supervise.ranks import (RankFiles, local_pids, rank_dead, rank_fatal, rank_hang, rank_lines,
-                             root_cause_anomaly, straggler)
-from supervise.rules import KINDS
+from supervise.ranks import RankFiles, local_pids, rank_dead, rank_fatal, rank_hang, rank_lines, \
+    root_cause_anomaly, straggler
 
 T0 = 1_800_000_000.0
 HOST = "node-a"

@@ -9,11 +9,12 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, verdict_of
 from supervise import guard, recovery
-from supervise.judge import no_progress
+from supervise.judge import KINDS, RECORD_RULES, change_for, no_progress
 from supervise.recovery import relaunch_line, relaunch_plan, watchdog_line
-from supervise.rules import KINDS, RecordRules
+from supervise.rules import RecordRules
+from supervise.thresholds import Thresholds
 
 START = {"event": "start", "t": 0, "pid": 1, "run_id": "a" * 32, "attempt": 1, "world_size": 1,
          "argv": ["train_torch.py", "--out", "runs/a", "--lr", "0.01"], "cwd": "/work/my proj"}
@@ -59,7 +60,7 @@ def test_the_change_each_kind_calls_for(kind, argv, hparams, expected, tmp_path)
     run.mkdir()
     if hparams:
         (run / "hparams.json").write_text(json.dumps(hparams))
-    line = relaunch_line(start(argv, **TEMPLATE), kind, run)
+    line = relaunch_line(start(argv, **TEMPLATE), verdict_of(kind), run)
     assert words(line) == expected
 
 
@@ -76,8 +77,8 @@ def test_the_change_each_kind_calls_for(kind, argv, hparams, expected, tmp_path)
 ])
 def test_no_line_when_a_relaunch_cannot_fix_it(kind, argv, hparams, why, tmp_path):
     (tmp_path / "hparams.json").write_text(json.dumps(hparams))
-    line, note = relaunch_plan(start(argv, **TEMPLATE), kind, tmp_path)
-    assert line is None and relaunch_line(start(argv, **TEMPLATE), kind, tmp_path) is None
+    line, note = relaunch_plan(start(argv, **TEMPLATE), verdict_of(kind), tmp_path)
+    assert line is None and relaunch_line(start(argv, **TEMPLATE), verdict_of(kind), tmp_path) is None
     assert why.removeprefix("no relaunch line: ") in note
 
 
@@ -86,8 +87,8 @@ def test_no_line_when_a_relaunch_cannot_fix_it(kind, argv, hparams, why, tmp_pat
     {"argv": ["t.py", 3], "cwd": "/x"}, {"argv": ["t.py"], "cwd": None}, "not a dict",
 ])
 def test_a_start_record_without_argv_and_cwd_gives_no_line(record, tmp_path):
-    assert relaunch_line(record, "dead", tmp_path) is None
-    assert "no argv/cwd" in relaunch_plan(record, "dead", tmp_path)[1]
+    assert relaunch_line(record, verdict_of("dead"), tmp_path) is None
+    assert "no argv/cwd" in relaunch_plan(record, verdict_of("dead"), tmp_path)[1]
 
 
 _HEADER = json.dumps({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
@@ -152,7 +153,7 @@ def test_the_resume_recipe_of_each_writer(name, record, argv, kind, files, expec
         torch_file(ck / "ckpt.pt")
     fill = lambda w: w.replace("{ck}", str(ck))  # noqa: E731
     s = start([fill(w) for w in argv], **({**record, "checkpoint_dir": str(ck)} if record else {}))
-    line, said = relaunch_plan(s, kind, tmp_path)
+    line, said = relaunch_plan(s, verdict_of(kind), tmp_path)
     assert words(line) == ["python", "-u", *map(fill, expected)]
     assert fill(note) in said
 
@@ -160,14 +161,14 @@ def test_the_resume_recipe_of_each_writer(name, record, argv, kind, files, expec
 def test_an_explicit_checkpoint_wins_and_lightnings_recipe_is_a_variable(tmp_path):
     ck = hf_checkpoints(tmp_path / "ck", 20, 40)
     s = start(["r.py", "--output_dir", str(ck)], **HF, checkpoint_dir=str(ck))
-    line = relaunch_line(s, "dead", tmp_path, checkpoint=str(ck / "checkpoint-20"))
+    line = relaunch_line(s, verdict_of("dead"), tmp_path, checkpoint=str(ck / "checkpoint-20"))
     assert words(line)[-2:] == ["--resume_from_checkpoint", str(ck / "checkpoint-20")]
     lit = tmp_path / "lightning"   # ModelCheckpoint's dirpath
     lit.mkdir()
     torch_file(lit / "last.ckpt")
     s = start(["lit.py", "--out", "r"], resume=[], resume_env={"SUPERVISE_CKPT_PATH": "{checkpoint}"},
               checkpoint_dir=[str(lit)])
-    line, note = relaunch_plan(s, "dead", tmp_path)
+    line, note = relaunch_plan(s, verdict_of("dead"), tmp_path)
     assert f"--env=SUPERVISE_CKPT_PATH={lit / 'last.ckpt'} " in line and words(line) == ["python", "-u", "lit.py", "--out", "r"]
     assert note == f"resumes from {lit / 'last.ckpt'}"
 
@@ -175,14 +176,14 @@ def test_an_explicit_checkpoint_wins_and_lightnings_recipe_is_a_variable(tmp_pat
 def test_a_fatal_from_a_non_finite_value_halves_the_lr(tmp_path):
     s = start(["t.py", "--lr", "1e-2"], **TEMPLATE)
     msg = "ANOMALY fatal: FATAL = 'non-finite loss nan at step 31' at step 31. Lower the learning rate."
-    assert words(relaunch_line(s, "fatal", tmp_path, message=msg))[-3:] == ["--lr", "0.005", "--resume"]
-    assert words(relaunch_line(s, "fatal", tmp_path, message="FATAL = 'disk full'"))[-3:] == ["--lr", "1e-2", "--resume"]
+    assert words(relaunch_line(s, verdict_of("fatal", msg), tmp_path))[-3:] == ["--lr", "0.005", "--resume"]
+    assert words(relaunch_line(s, verdict_of("fatal", "FATAL = 'disk full'"), tmp_path))[-3:] == ["--lr", "1e-2", "--resume"]
 
 
 def test_every_kind_has_a_decision():
     for kind in KINDS:
-        assert recovery.change_for(kind) in ("batch", "lr", "same", None)
-    assert {k for k in KINDS if recovery.change_for(k) is not None} >= {"oom", "nan", "dead", "stall", "crash"}
+        assert change_for(kind) in ("batch", "lr", "same", None)
+    assert {k for k in KINDS if change_for(k) is not None} >= {"oom", "nan", "dead", "stall", "crash"}
 
 
 PY = "/venv/bin/python3"
@@ -199,7 +200,7 @@ PY = "/venv/bin/python3"
      "does not say how its 4 processes were launched"),
 ])
 def test_torchrun_runs_are_relaunched_with_their_launcher(record, expected, note, tmp_path):
-    line, said = relaunch_plan(start(["/w/train_torch.py", "--out", "r"], **TEMPLATE, **record), "dead", tmp_path)
+    line, said = relaunch_plan(start(["/w/train_torch.py", "--out", "r"], **TEMPLATE, **record), verdict_of("dead"), tmp_path)
     assert words(line) == [*expected, "/w/train_torch.py", "--out", "r", "--resume"] and note in said
     assert "torchrun " not in line
 
@@ -208,7 +209,7 @@ def test_a_slurm_job_is_resubmitted_with_its_resources(tmp_path):
     slurm = {"job_name": "exp1", "partition": "gpu", "nodes": "1", "cpus_per_task": "8", "gpus_per_node": "4",
              "mem_per_node": "64000"}
     s = start(["train.py", "--out", str(tmp_path), "--lr=0.01"], **TEMPLATE, slurm_job_id="4242", slurm=slurm)
-    line, note = relaunch_plan(s, "nan", tmp_path)
+    line, note = relaunch_plan(s, verdict_of("nan"), tmp_path)
     w = shlex.split(line)
     assert w[:4] == ["mkdir", "-p", str(tmp_path), "&&"] and w[4] == "sbatch"
     assert {"--job-name=exp1", "--partition=gpu", "--nodes=1", "--cpus-per-task=8", "--gres=gpu:4", "--mem=64000M",
@@ -223,7 +224,7 @@ def test_a_slurm_job_is_resubmitted_with_its_resources(tmp_path):
 def test_the_line_goes_through_the_launcher(tmp_path):
     """Every attempt is a launch: cd CWD && PY scripts/launch.py RUN --replace [--window] -- CMD."""
     run = tmp_path / "my run"
-    line = relaunch_line(START, "dead", run, window_s=8 * 3600)
+    line = relaunch_line(START, verdict_of("dead"), run, window_s=8 * 3600)
     q = shlex.quote
     assert "\n" not in line
     w = shlex.split(line)
@@ -232,7 +233,7 @@ def test_the_line_goes_through_the_launcher(tmp_path):
     assert words(line) == ["python", "-u", "train_torch.py", "--out", "runs/a", "--lr", "0.01"]
     assert ">>" not in w and "PYTHONUNBUFFERED=1" not in w  # the launcher appends to train.log and sets them
     # a relative run directory is made absolute
-    rel = relaunch_line(START, "dead", "runs/a")
+    rel = relaunch_line(START, verdict_of("dead"), "runs/a")
     assert f" {q(str(__import__('pathlib').Path.cwd() / 'runs/a'))} --replace " in rel
 
 
@@ -240,7 +241,7 @@ def test_the_line_goes_through_the_launcher(tmp_path):
 @pytest.mark.parametrize("world", [1, 2])
 def test_the_line_passes_the_launch_guard(kind, world, tmp_path):
     (tmp_path / "hparams.json").write_text(json.dumps({"batch_size": 16, "grad_accum": 1, "lr": 0.01}))
-    line = relaunch_line(start(["train_hf.py", "--out", str(tmp_path)], world_size=world), kind, tmp_path)
+    line = relaunch_line(start(["train_hf.py", "--out", str(tmp_path)], world_size=world), verdict_of(kind), tmp_path)
     for background in (True, False):
         call = guard.Call(tool="Bash", command=line, background=background, cwd=str(tmp_path), env={})
         assert guard.decide(call) is None, guard.decide(call)
@@ -290,7 +291,7 @@ def test_the_attempts_begin_at_each_ones_first_step_record():
             {"step": 20, "t": 2, "loss": 0.6}, {"event": "start", "attempt": 2}, {"step": 30, "t": 1, "loss": 0.5},
             {"event": "start", "attempt": 3}, {"step": 25, "t": 1, "FATAL": "boom"},
             {"event": "start", "attempt": 4}, {"step": 30, "t": 1, "loss": 0.5}]
-    rules = RecordRules()
+    rules = RecordRules(Thresholds(), RECORD_RULES)
     for rec in recs:
         rules.add(rec)
     got = [tuple(a) for a in rules.attempts]

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, read_json
+from conftest import ROOT, read_json, verdict_of
 from launching import run_relaunch
 from supervised import attempts
-from supervise.guard import QUIET
 from supervise.recovery import relaunch_line, watchdog_line
+from supervise.vocabulary import QUIET
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -112,7 +112,7 @@ def test_sigkill_mid_run_then_the_relaunch_line_finishes_it(reference, kind, tmp
     assert len(checkpoints(run)) <= 2
 
     start = attempts(run)[0][0]
-    line = relaunch_line(start, kind, run)
+    line = relaunch_line(start, verdict_of(kind), run)
     assert line and "\n" not in line and " --replace -- " in line  # through the launcher, like the first launch
     wd = shell(watchdog_line(run, python=sys.executable) + " --poll 0.5", stdout=subprocess.PIPE,
                stderr=subprocess.PIPE, text=True)

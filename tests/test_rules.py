@@ -6,9 +6,11 @@ import re
 
 import pytest
 
-from supervise.judge import BY_KIND, RULES, judge
+from supervise.judge import BY_KIND, KINDS, RECORD_RULES, RULES, is_warning, judge
 from supervise.observation import Observation, Proc, Records, WatchdogSeen, frozen
-from supervise.rules import KINDS, RECORD_RULES, Anomaly, RecordRules, Thresholds
+from supervise.rules import RecordRules
+from supervise.thresholds import Thresholds
+from supervise.vocabulary import Anomaly
 
 TH = Thresholds()
 SHAPE = re.compile(r"^ANOMALY (?P<kind>[a-z_]+): .+ (=|is) .+ at step \d+\. [A-Z].+\.$")
@@ -25,12 +27,21 @@ def steps(n, start=10, every=10, t0=0.0, dt=1.0, **over):
 
 
 def fold(records, th=TH, start=None):
-    rules = RecordRules(th)
+    rules = RecordRules(th, RECORD_RULES)
     if start is not None:
         rules.add({"event": "start", "t": 0, **start})
     for r in records:
         rules.add(r)
     return rules
+
+
+def alarms(rules):
+    """kind -> first hit of the alarms (the rule table says which kinds are warnings)."""
+    return {k: a for k, a in rules.hits.items() if not is_warning(k, rules.th)}
+
+
+def warnings(rules):
+    return [a for k, a in rules.hits.items() if is_warning(k, rules.th)]
 
 
 def falling(n, start=10):
@@ -83,7 +94,7 @@ SEQUENCES = [
 @pytest.mark.parametrize("name,records,start,kind,step", SEQUENCES, ids=[s[0] for s in SEQUENCES])
 def test_record_rules_fire_at_the_exact_step(name, records, start, kind, step):
     rules = fold(records, start=start)
-    found = rules.findings()
+    found = alarms(rules)
     if kind is None:
         assert found == {}, found
         return
@@ -96,10 +107,10 @@ def test_throughput_holds_for_its_window_of_record_time():
     th = Thresholds(throughput_window=60)
     base = steps(20, dt=10)                                     # steps 10..200, baseline 100 sps
     slow = steps(10, start=210, t0=200, dt=10, sps=60.0)        # t 200..290
-    found = fold(base + slow, th).findings()
+    found = alarms(fold(base + slow, th))
     # the median of 5 is below the floor from step 230 (t 220); 60 s later is step 290
     assert found["throughput"].step == 290 and "for 60s >= 60s since step 230" in found["throughput"].message
-    assert "throughput" not in fold(base + slow[:8], th).findings()  # 40 s slow: not yet
+    assert "throughput" not in alarms(fold(base + slow[:8], th))  # 40 s slow: not yet
 
 
 def test_throughput_baseline_skips_the_warm_up():
@@ -113,7 +124,7 @@ def test_throughput_60_60_60_60_100_still_latches():
     """The v0.1 pre-filter missed this: the rule holds on the record window, whatever the newest one."""
     th = Thresholds(throughput_window=1)
     seq = steps(20) + steps(5, start=210, t0=20, sps=[60.0, 60.0, 60.0, 60.0, 100.0]) + steps(2, start=260, t0=25, sps=100.0)
-    assert fold(seq, th).findings()["throughput"].step == 240  # median of 5 below 75 from step 230, held 1 s
+    assert alarms(fold(seq, th))["throughput"].step == 240  # median of 5 below 75 from step 230, held 1 s
 
 
 def test_overfit_is_a_warning_unless_its_flag_is_set():
@@ -121,17 +132,17 @@ def test_overfit_is_a_warning_unless_its_flag_is_set():
     evals = [{"step": 100 * i, "eval_loss": v} for i, v in enumerate([1.0, 0.9, 0.95, 1.0, 1.1], 1)]
     seq = [r for pair in zip(train[::8], evals) for r in pair]
     rules = fold(seq)
-    assert rules.findings() == {} and rules.warnings()[0].kind == "overfit"
-    assert "rising for 3 evals" in rules.warnings()[0].message
-    assert fold(seq, Thresholds(overfit_alarm=True)).findings()["overfit"].step == 500
+    assert alarms(rules) == {} and warnings(rules)[0].kind == "overfit"
+    assert "rising for 3 evals" in warnings(rules)[0].message
+    assert alarms(fold(seq, Thresholds(overfit_alarm=True)))["overfit"].step == 500
 
 
 def test_a_start_record_begins_a_new_run():
     rules = fold(steps(3) + [{"step": 31, "t": 3, "FATAL": "old"}])
-    assert "fatal" in rules.findings()
+    assert "fatal" in alarms(rules)
     rules.add({"event": "start", "t": 0, "run_id": "b", "attempt": 2})
     rules.add(steps(1)[0])
-    assert rules.findings() == {} and rules.run.start["attempt"] == 2 and rules.starts == 1
+    assert alarms(rules) == {} and rules.run.start["attempt"] == 2 and rules.starts == 1
 
 
 LOG_TB = ("Traceback (most recent call last):", '  File "x.py", line 1', "KeyError: 'label'")
@@ -293,6 +304,21 @@ def test_thresholds_from_a_bad_watchdog_json_take_defaults(saved):
 
 def test_thresholds_reference_is_generated_from_the_dataclass():
     from pathlib import Path
-    from supervise.rules import thresholds_markdown
+    from supervise.thresholds import markdown
     text = (Path(__file__).resolve().parents[1] / "references" / "thresholds.md").read_text()
-    assert text == thresholds_markdown(), "regenerate references/thresholds.md (command in its header)"
+    assert text == markdown(KINDS), "regenerate references/thresholds.md (command in its header)"
+
+
+def test_every_kind_an_anomaly_is_made_with_is_a_row_of_the_table():
+    """anomaly() lives on the ground floor and cannot see judge.RULES: every literal kind the
+    package passes it must be a row of the one table (and every record rule's kind too)."""
+    import ast
+    from pathlib import Path
+    made = set()
+    for path in (Path(__file__).resolve().parents[1] / "supervise").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "anomaly" and node.args \
+                    and isinstance(node.args[0], ast.Constant):
+                made.add(node.args[0].value)
+    assert len(made) >= 15 and made <= set(KINDS), made - set(KINDS)
+    assert {cls.kind for cls in RECORD_RULES} <= set(KINDS)

@@ -17,7 +17,7 @@ from conftest import FAKE, ROOT
 from fake_anthropic import FakeAnthropic, text_of
 from launching import as_run, end_launched, keeps_writing, lines, pid_alive, procs_with, wait_for
 from supervised import attempts
-from supervise.launch import launch_alive, read_launch
+from supervise.state import launch_alive, read_launch
 
 # the client ends its background tasks within seconds of its end (CLAUDE_CODE.md: gone 6 s
 # after the final answer); a trainer that still writes this many records (0.1 s apart) after

@@ -7,7 +7,7 @@ import shlex
 import pytest
 
 from conftest import ROOT
-from supervise.rules import KINDS
+from supervise.judge import KINDS
 
 SKILL = (ROOT / "SKILL.md").read_text()
 DOCS = SKILL + "".join(p.read_text() for p in sorted((ROOT / "references").glob("*.md")))
@@ -131,7 +131,7 @@ def test_every_result_has_a_branch(line):
 
 def test_the_alarm_table_says_what_thresholds_holds():
     """SKILL.md's alarm table against Thresholds(): every number it states is the default."""
-    from supervise.rules import Thresholds
+    from supervise.thresholds import Thresholds
     th = Thresholds()
     table = SKILL[SKILL.index("## Healthy trajectory"):SKILL.index("## Red flags")]
     said = {

@@ -18,7 +18,7 @@ import pytest
 from conftest import ROOT, run_script
 from launching import end_launched, pid_alive, procs_with, wait_for
 from supervised import attempts
-from supervise.launch import read_launch
+from supervise.state import read_launch
 
 LOOP = ROOT / "tests" / "resumable_loop.py"
 WATCHDOG = ROOT / "scripts" / "watchdog.py"

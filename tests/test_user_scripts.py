@@ -18,11 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, verdict_of
 from launching import run_relaunch
 from supervised import attempts, records
-from supervise.guard import QUIET, Call, decide
+from supervise.guard import Call, decide
 from supervise.recovery import relaunch_plan
+from supervise.vocabulary import QUIET
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -138,7 +139,7 @@ def test_after_a_sigkill_the_relaunch_line_continues_from_a_checkpoint(s, tmp_pa
             os.killpg(first.pid, signal.SIGKILL)
             first.wait()
     start = attempts(run)[-1][0]
-    line, note = relaunch_plan(start, "dead", run)
+    line, note = relaunch_plan(start, verdict_of("dead"), run)
     run_line(line, run)
     a1, a2 = attempts(run)
     final = json.loads((run / "final_val_metrics.json").read_text())
@@ -163,7 +164,7 @@ def test_after_a_nan_the_line_with_half_the_learning_rate_runs(s, tmp_path):
     (a1,) = attempts(run)
     fatal = [r for r in a1 if "FATAL" in r]
     assert fatal and "non-finite" in fatal[0]["FATAL"], a1[-3:]
-    line, note = relaunch_plan(a1[0], "nan", run)
+    line, note = relaunch_plan(a1[0], verdict_of("nan"), run)
     if not s.halved:
         assert line is None and s.no_line in note, note
         table_row(s.name, f"nan: no relaunch line: {note}", "-", "-")
@@ -188,7 +189,7 @@ def test_sft_script_that_builds_its_arguments_in_code_gets_no_guessed_flag(tmp_p
     assert launch(tmp_path, s).wait(timeout=WAIT) == 0, (run / "train.log").read_text()[-3000:]
     start = attempts(run)[0][0]
     assert start["resume"] is None and start["checkpoint_dir"] == str(run / "checkpoints")
-    line, note = relaunch_plan(start, "dead", run)
+    line, note = relaunch_plan(start, verdict_of("dead"), run)
     assert shlex.split(line)[-4:] == ["--out", "run", "--steps", "20"] and "starts over from step 0" in note
 
 
@@ -229,7 +230,7 @@ def test_a_torchrun_run_is_relaunched_with_its_own_launcher(tmp_path):
     exe, *head = a1[0]["launcher"]
     assert Path(exe).resolve() == Path(sys.executable).resolve(), exe  # the workers' interpreter (python3)
     assert head == ["-m", "torch.distributed.run", *loop[:3]], a1[0]["launcher"]
-    again, note = relaunch_plan(a1[0], "dead", run)
+    again, note = relaunch_plan(a1[0], verdict_of("dead"), run)
     w = shlex.split(again)
     assert w[w.index("--") + 1:] == [exe, "-u", "-m", "torch.distributed.run", *loop]
     run_line(again, run)

@@ -242,7 +242,7 @@ def test_the_time_limit_comes_from_the_plan(hours, total, kind, tmp_path):
     1.5 x its projection + the startup grace it is; with no plan there is no limit."""
     from supervise.engine import Observer
     from supervise.judge import judge
-    from supervise.rules import Thresholds
+    from supervise.thresholds import Thresholds
     run = tmp_path / "run"
     t0 = _eight_hour_run(run, total)
     th = Thresholds(max_stall=1e9)

@@ -12,8 +12,9 @@ import pytest
 
 from conftest import assert_checkin_agrees, read_json, run_script, start_script
 from supervise import registry
+from supervise.judge import KINDS
 from supervise.probes import GpuReading, GpuReport
-from supervise.rules import KINDS, Thresholds
+from supervise.thresholds import Thresholds
 from supervise.watch import Watchdog, run
 
 FAST = ("--poll", "0.2", "--startup-grace", "5", "--max-stall", "30")

@@ -1,0 +1,105 @@
+"""The alarm thresholds: one frozen dataclass, every field a watchdog flag (``--max-stall`` for
+``max_stall``) with its unit, default and meaning in its metadata, which ``--help`` and
+references/thresholds.md are generated from. Standard library only: this is on the hot path.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+from .contract import is_finite
+
+
+def _th(default, unit: str, doc: str, duration: bool = False):
+    return field(default=default, metadata={"unit": unit, "help": doc, "duration": duration})
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Alarm thresholds (the mission's table of healthy and alarm values, plus what real runs
+    taught). Units in metadata: s (seconds), x (a factor), fraction, steps, records, ..."""
+
+    poll: float = _th(30.0, "s", "seconds between polls of the metrics file", True)
+    max_stall: float = _th(360.0, "s", "metrics file unmodified this long while the process lives: stall", True)
+    min_stall: float = _th(120.0, "s", "the learned stall (--stall-factor x the longest gap between records) is never shorter than this", True)
+    stall_factor: float = _th(5.0, "x", "once the run shows its rhythm (20 step records and an eval, so that the longest gap holds an eval and a save), a silence this many times its longest gap is a stall; 0 turns learning off")
+    startup_grace: float = _th(300.0, "s", "silence allowed before the first step record (tokenizing, loading weights)", True)
+    orphan_grace: float = _th(2.0, "s", "relaunch grace: what a watchdog finds at attach with no process of the run (an old sentinel, FATAL, first hit or traceback) is confirmed after this long, so that a relaunch started beside it can show", True)
+    rank_grace: float = _th(10.0, "s", "one of several run processes gone this long while the others live: dead", True)
+    hard_timeout: float = _th(0.0, "s", "wall time since the run started after which it is over: timeout; 0 takes the limit from the plan (the launcher's --window, else the start record's total_steps at the measured step rate x --timeout-margin), and no limit while neither is known", True)
+    timeout_margin: float = _th(1.5, "x", "a run projected from its own step rate is over its plan after this many times the projection")
+    min_auroc: float = _th(0.70, "AUROC", "eval AUROC below this after --min-auroc-step: stuck_auroc; at or below 1 - this: inverted_labels")
+    min_auroc_step: int = _th(500, "steps", "warm-up before stuck_auroc applies")
+    num_labels: int = _th(2, "classes", "chance loss is ln(num_labels); a start record's value is used when this is not given")
+    chance_step: int = _th(400, "steps", "from this step a loss at chance is an alarm")
+    chance_margin: float = _th(0.05, "fraction", "median loss within this fraction of the chance loss counts as chance")
+    diverge_factor: float = _th(10.0, "x", "median loss above this many times max(chance loss, the run's best median) for --sustain records: diverged")
+    spike_factor: float = _th(2.0, "x", "loss above this many times the rolling mean of the --spike-window records before it, for --sustain records in a row: loss_spike")
+    spike_window: int = _th(20, "records", "records in the rolling mean a loss spike is measured against")
+    grad_high: float = _th(50.0, "grad norm", "pre-clip grad norm above this for --sustain records: grad_explode")
+    grad_low: float = _th(1e-3, "grad norm", "pre-clip grad norm below this for --sustain records: grad_collapse")
+    converged_loss: float = _th(0.01, "loss", "grad_collapse stays quiet while the recent median loss is at or below this (a solved task has tiny gradients)")
+    sustain: int = _th(5, "records", "consecutive step records a loss, grad or throughput condition must hold")
+    overfit_evals: int = _th(3, "evals", "eval loss rising this many evals in a row while the train loss falls: overfit (a check-in warning; an anomaly with --overfit-alarm)")
+    overfit_alarm: bool = _th(False, "switch", "make overfit an anomaly that ends the watch")
+    throughput_drop: float = _th(0.25, "fraction", "median sps this far below the baseline median for --throughput-window: throughput")
+    throughput_window: float = _th(300.0, "s", "how long (record time) a throughput drop must hold", True)
+    warmup_steps: int = _th(20, "steps", "steps left out of the throughput baseline (compilation, cache warm-up)")
+    baseline_steps: int = _th(200, "steps", "step records up to this step form the throughput baseline")
+    straggler_ratio: float = _th(0.75, "fraction", "a rank whose sps stays below this fraction of the others' median for --throughput-window: straggler")
+    gpu_idle: float = _th(300.0, "s", "the run's GPUs below --gpu-idle-util this long after the startup grace: gpu_idle", True)
+    gpu_idle_util: float = _th(5.0, "%", "GPU utilization under this counts as idle")
+    disk_margin: float = _th(1.5, "x", "the next checkpoint save needs this many times the measured bytes per save free on the checkpoints' file system: disk")
+    disk_min_saves: int = _th(5, "saves", "complete saves seen staying on disk (none deleted) before the run's remaining saves are projected against the free space; a rotation shows itself only at its limit, a declared save_total_limit at once")
+
+    @classmethod
+    def from_dict(cls, d) -> "Thresholds":
+        """Thresholds saved in a watchdog.json; unknown or wrong-typed values take the default."""
+        if not isinstance(d, dict):
+            return cls()
+        good = {}
+        for f in fields(cls):
+            v = d.get(f.name)
+            if isinstance(f.default, bool):
+                if isinstance(v, bool):
+                    good[f.name] = v
+            elif is_finite(v) and v >= 0:
+                good[f.name] = type(f.default)(v)
+        return cls(**good)
+
+    @classmethod
+    def describe(cls):
+        """(name, default, unit, help, is_duration) for every threshold, in order."""
+        for f in fields(cls):
+            yield f.name, f.default, f.metadata["unit"], f.metadata["help"], f.metadata["duration"]
+
+
+def markdown(kinds) -> str:
+    """references/thresholds.md, generated from ``Thresholds`` and the rule table's ``kinds``
+    (``judge.KINDS``; a test keeps the file equal to this text)."""
+    rows = []
+    for name, default, unit, doc, is_duration in Thresholds.describe():
+        shown = "off" if default is False else f"{default:g}s" if is_duration else f"{default:g}"
+        rows.append(f"| `--{name.replace('_', '-')}` | {shown} | {unit} | {doc} |")
+    return "\n".join([
+        "# Watchdog flags and thresholds",
+        "",
+        "Generated from `supervise.thresholds.Thresholds` and `supervise.judge.RULES` (`python -c \"from "
+        "supervise.judge import KINDS; from supervise.thresholds import markdown; print(markdown(KINDS), end='')\" "
+        "> references/thresholds.md`); a test fails when it drifts.",
+        "",
+        "`python scripts/watchdog.py RUN_DIR [flags]`. Durations take seconds or `90s`, `6m`, `3h`.",
+        "Exit 0: `OK done: ...`; exit 7: `ANOMALY <kind>: ...`; exit 2: bad usage (one line);",
+        "SIGTERM/SIGINT/SIGHUP: `STOPPED: ...`, exit 0, state saved. Other flags: `--pid PID` (repeatable),",
+        "`--log PATH` (default `RUN_DIR/train.log`), `--sentinel NAME` (default `final_val_metrics.json`).",
+        "",
+        "| flag | default | unit | meaning |",
+        "| --- | --- | --- | --- |",
+        *rows,
+        "",
+        "Kinds, most specific first (when several hold in one poll, the first is reported): "
+        + ", ".join(f"`{k}`" for k in kinds) + ".",
+        "Record kinds report the first step where they held, whatever the poll interval. `overfit` is a",
+        "check-in warning unless `--overfit-alarm` is given. With no GPU or no NVML, `gpu_idle` is off",
+        "and `watchdog.json` says so.",
+        "",
+    ])
