@@ -1,18 +1,19 @@
 """A phone-friendly PNG of metrics.jsonl: loss with the chance line, eval AUROC with the 0.70
 line, grad norm on a log scale with its alarm bands, sps with the -25% line, and the anomaly
-marked where the watchdog reported one. matplotlib (Agg) is an optional extra."""
+marked where the watchdog reported one. A renderer: the series are the metrics file's records,
+everything else (thresholds, chance level, verdict) is one ``engine.assess``. matplotlib (Agg) is
+an optional extra."""
 from __future__ import annotations
 
-import math
 import os
 import statistics
 import tempfile
 from pathlib import Path
 
 from .cli import Parser, UsageError, front_door, run_dir_arg
-from .contract import is_finite, read_json, read_run, why_unreadable
-from .thresholds import Thresholds
-from .vocabulary import EXIT_OK, METRICS, WATCHDOG_STATE
+from .contract import is_finite, read_run, why_unreadable
+from .engine import assess
+from .vocabulary import EXIT_OK, METRICS
 
 MAX_POINTS = 4000
 
@@ -29,18 +30,14 @@ def plot(run_dir) -> str:
     unreadable = why_unreadable(run_dir / METRICS)
     if unreadable:
         return f"no plot: {unreadable}"
-    start, steps, evals = read_run(run_dir / METRICS)
+    _start, steps, evals = read_run(run_dir / METRICS)   # the series drawn: every record, strided
     if not steps and not evals:
         return f"no plot: {run_dir / METRICS} holds no step or eval record yet"
     stride = max(1, len(steps) // MAX_POINTS)
     steps = steps[::stride]
-    wd = read_json(run_dir / WATCHDOG_STATE)
-    wd = wd if isinstance(wd, dict) else {}  # a watchdog.json of another shape is no state
-    th = Thresholds.from_dict(wd.get("thresholds"))
-    n_labels = start.get("num_labels")
-    n_labels = int(n_labels) if is_finite(n_labels) and 2 <= n_labels <= 1e9 else th.num_labels
-    from .engine import assess  # the watchdog's own engine: the picture says what the watchdog says
-    verdict = assess(run_dir, th)[2]
+    # the thresholds, chance level and verdict are the watchdog's own: one look by its engine
+    observer, _obs, verdict = assess(run_dir)
+    th, chance, chance_name = observer.th, observer.run.chance, observer.run.chance_name()
     wd_step = verdict.anomaly.step if verdict.anomaly else None
 
     fig, ax = plt.subplots(4, 1, figsize=(7.2, 10.8), dpi=150, sharex=True)
@@ -50,7 +47,8 @@ def plot(run_dir) -> str:
         return [r.get(name) if is_finite(r.get(name)) else float("nan") for r in steps]
 
     ax[0].plot(xs, series("loss"), lw=1.2)
-    ax[0].axhline(math.log(max(n_labels, 2)), color="grey", ls="--", lw=1, label=f"chance ln({n_labels})")
+    if chance is not None:
+        ax[0].axhline(chance, color="grey", ls="--", lw=1, label=f"chance {chance_name}")
     ax[0].set_ylabel("loss")
     ax[1].plot([e["step"] for e in evals], [e.get("eval_auroc") for e in evals], "o-", color="tab:green")
     ax[1].axhline(th.min_auroc, color="red", ls="--", lw=1, label=f"{th.min_auroc:g}")
