@@ -55,7 +55,8 @@ def _age(seconds: Optional[float]) -> str:
     return f"{seconds / 3600:.1f}h"
 
 
-def _g(v, digits=4) -> str:
+def _num(v, digits=4) -> str:
+    """A number as a table cell: ``digits`` significant digits, ``null`` for none."""
     if v is None:
         return "null"
     if isinstance(v, float):
@@ -168,7 +169,7 @@ def render(f: dict, limit: int = LIMIT) -> str:
         head.append(f"last error: {f['last_error'][:300]}")
     if f["final"]:
         nums = [(k, v) for k, v in f["final"].items() if is_number(v)][:5]
-        head.append("final: " + " ".join(f"{k}={_g(v)}" for k, v in nums))
+        head.append("final: " + " ".join(f"{k}={_num(v)}" for k, v in nums))
     total = f["total_steps"]
     prog = (f"attempt {f['attempt']}, " if f.get("attempt") else "") + f"step {f['step']}" + (f"/{total} ({100 * f['step'] / total:.0f}%)" if is_number(total) and total else "")
     prog += f", elapsed {_age(f['elapsed_s'])}" if f["elapsed_s"] is not None else ""
@@ -180,16 +181,16 @@ def render(f: dict, limit: int = LIMIT) -> str:
     if f["steps"]:
         body.append(f"{'step':>7} {'loss':>8} {'lr':>9} {'grad':>8} {'sps':>8}")
         for r in f["steps"]:
-            body.append(f"{_g(r['step']):>7} {_g(r['loss']):>8} {_g(r['lr'], 3):>9} {_g(r['grad_norm'], 3):>8} "
-                        f"{_g(r['sps']):>8}")
+            body.append(f"{_num(r['step']):>7} {_num(r['loss']):>8} {_num(r['lr'], 3):>9} {_num(r['grad_norm'], 3):>8} "
+                        f"{_num(r['sps']):>8}")
     if f["loss_trend"]:
-        body.append(f"loss trend (tail): {_g(f['loss_trend'][0])} -> {_g(f['loss_trend'][1])}")
+        body.append(f"loss trend (tail): {_num(f['loss_trend'][0])} -> {_num(f['loss_trend'][1])}")
     if f["eval"]:
         e, b = f["eval"], f["best_eval"] or {}
-        metrics = " ".join(f"{kk[5:]}={_g(v)}" for kk, v in list(e.items()) if kk.startswith("eval_"))[:200]
+        metrics = " ".join(f"{kk[5:]}={_num(v)}" for kk, v in list(e.items()) if kk.startswith("eval_"))[:200]
         body.append(f"eval @{e.get('step')}: {metrics}"
-                    + (f"; best auroc={_g(b.get('eval_auroc'))} @{b.get('step')}" if b else "")
-                    + ("; auroc trend " + " ".join(_g(x, 3) for x in f["auroc_trend"]) if f["auroc_trend"] else ""))
+                    + (f"; best auroc={_num(b.get('eval_auroc'))} @{b.get('step')}" if b else "")
+                    + ("; auroc trend " + " ".join(_num(x, 3) for x in f["auroc_trend"]) if f["auroc_trend"] else ""))
     body += f.get("ranks") or []
     if f.get("slurm"):
         body.append(f"slurm: {f['slurm'][:200]}")

@@ -137,11 +137,11 @@ def changed_argv(start: dict, change: Optional[str], run_dir, kind: Optional[str
     """(the script's argv with ``change`` made (a verdict's: 'lr', 'batch', 'same'), or None; a
     note: why there is no argv (``change`` None: a relaunch does not fix ``kind``), or what the
     change could not do)."""
+    if change is None:
+        return None, f"a relaunch does not fix {kind or 'this'}"
     argv = start.get("argv") if isinstance(start, dict) else None
     if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)):
         return None, "the start record has no argv/cwd (an older writer): relaunch it by hand"
-    if change is None:
-        return None, f"a relaunch does not fix {kind or 'this'}"
     argv, hp = list(argv), _hparams(Path(run_dir))
     if change == "batch":
         batch, flag = _knob(argv, BATCH_FLAGS, start, hp)

@@ -129,7 +129,7 @@ def test_real_trainer_killed_during_a_save_resumes_from_the_previous_checkpoint(
     assert Path(chosen.path).name == "checkpoint-4"
     assert [(Path(c.path).name, why) for c, why in skipped] == \
         [("checkpoint-6", "incomplete: still being written or torn: trainer_state.json missing")]
-    lines = resume_lines(found, None)
+    lines = resume_lines(*choose_resume(found, None), None)
     assert lines[0] == f"resume from: {out / 'checkpoint-4'} (step 4, {chosen.bytes / 1e3:.1f} kB, complete)"
     assert lines[1].startswith(f"  skipped {out / 'checkpoint-6'} (step 6, ") and "trainer_state.json missing" in lines[1]
 
@@ -229,7 +229,7 @@ def test_resume_skips_torn_and_poisoned_checkpoints(tmp_path, saves, torn, first
     got, why = choose_resume(find_checkpoints([tmp_path]), first_bad)
     assert (got.step if got else None) == chosen
     assert [f"{c.step}: {w}" for c, w in why] == skipped
-    lines = resume_lines(find_checkpoints([tmp_path]), first_bad)
+    lines = resume_lines(got, why, first_bad)
     if chosen is None:
         assert lines[0].startswith("resume from: none (") and lines[0].endswith("the relaunch starts fresh")
     else:
