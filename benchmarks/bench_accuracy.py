@@ -22,9 +22,7 @@ def main():
     p.add_argument("--batch", type=int, default=32)
     a = p.parse_args()
     import torch
-    ns = argparse.Namespace(model=None, num_labels=2, seq_len=a.seq_len, batch=a.batch, steps=15, warmup=3,
-                            precision="fp32", device="auto")
-    m = bench.measure_model(ns)
+    m = bench.measure_model(seq_len=a.seq_len, batch=a.batch, steps=15, warmup=3)
     projected = a.steps * m.batch / m.sps
     model, vocab = bench.build_model(None, 2, a.seq_len)
     t0 = time.perf_counter()

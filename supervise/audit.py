@@ -11,7 +11,9 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Optional
 
 from .cli import Parser, UsageError, bounded_int, duration, front_door, positive_int
 from .contract import atomic_write_json
@@ -172,7 +174,28 @@ def balance(df, label: str, per_class: int, seed: int, allow_smaller: bool):
     return pd.concat(parts).sort_index()
 
 
-def audit(a) -> dict:
+@dataclass(frozen=True)
+class AuditPlan:
+    """What to audit and how (the flags of scripts/audit.py, typed)."""
+
+    input: str                        # a CSV, JSONL or Parquet file
+    out: str = "audit_out"            # the results' folder
+    code_col: str = "code"
+    id_col: Optional[str] = None      # None: the row position
+    normalize: Optional[str] = None   # "black" | "ast" | None
+    normalized: Optional[str] = None  # a normalized variant made elsewhere, matched by id
+    normalized_col: Optional[str] = None
+    workers: int = os.cpu_count() or 1
+    row_timeout: float = 5.0          # s one row may take
+    balance: Optional[str] = None     # a label column to sample per_class rows of each label from
+    per_class: int = 1000
+    seed: int = 0
+    allow_smaller: bool = False
+
+
+def audit(a: AuditPlan) -> dict:
+    """Check every row, write the kept raw and normalized variants aligned row for row, the
+    rejected rows with their reason and the report, swapped in at once; the report."""
     src = Path(a.input)
     df, fmt = read_table(src)
     if a.code_col not in df.columns:
@@ -307,9 +330,7 @@ def _main(a) -> int:
             raise UsageError(f"{given} is an earlier result in --out {out}, which this run replaces; "
                   "pass another --out")
     try:
-        r = audit(a)
-    except UsageError as e:
-        raise UsageError(f"{e}")
+        r = audit(AuditPlan(**{f.name: getattr(a, f.name) for f in fields(AuditPlan)}))
     except OSError as e:
         raise UsageError(f"cannot write the results into {a.out}: {e.strerror or e}; pass a writable folder "
               "with free space")

@@ -144,16 +144,21 @@ def resolve_device(name: str):
     return device
 
 
-def measure_model(a) -> Measure:
+def measure_model(*, model: Optional[str] = None, task: str = "classification", num_labels: int = 2,
+                  seq_len: int = 128, batch: int = 32, steps: int = 15, warmup: int = 3, precision: str = "fp32",
+                  device: str = "auto") -> Measure:
+    """~``steps`` timed training steps of the model (``model``: a local path or hub name, else a
+    tiny one from a config) at the real ``seq_len``, ``batch`` and ``precision``; an OOM step
+    halves the batch and retries."""
     import torch
-    device = resolve_device(a.device)
-    model, vocab = build_model(a.model, a.num_labels, a.seq_len, getattr(a, "task", "classification"))
-    batch, ooms = a.batch, []
+    device = resolve_device(device)
+    model, vocab = build_model(model, num_labels, seq_len, task)
+    ooms = []
     while True:
         try:
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
-            times = time_steps(model, vocab, batch, a.seq_len, a.steps, a.warmup, a.precision, device)
+            times = time_steps(model, vocab, batch, seq_len, steps, warmup, precision, device)
             break
         except Exception as e:  # an OOM step: halve the batch and try again
             if not _is_oom(e) or batch == 1:
@@ -170,15 +175,16 @@ def measure_model(a) -> Measure:
         import resource
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # KiB on Linux -> GB
     return Measure(statistics.median(sps), (min(sps), max(sps)), batch, peak, str(device),
-                   time_eval(model, vocab, batch * 2, a.seq_len, a.precision, device), ooms, checkpoint_bytes(model))
+                   time_eval(model, vocab, batch * 2, seq_len, precision, device), ooms, checkpoint_bytes(model))
 
 
-def measure_command(a) -> Measure:
-    run = Path(a.run_dir)
+def measure_command(cmd: str, run_dir) -> Measure:
+    """The user's own command (~20 steps), its sps read from the records it writes to RUN_DIR."""
+    run = Path(run_dir)
     run.mkdir(parents=True, exist_ok=True)
-    progress(f"running {a.cmd} > {run / 'bench.log'} 2>&1")
+    progress(f"running {cmd} > {run / 'bench.log'} 2>&1")
     with open(run / "bench.log", "wb") as log:
-        p = subprocess.run(shlex.split(a.cmd), stdout=log, stderr=subprocess.STDOUT,
+        p = subprocess.run(shlex.split(cmd), stdout=log, stderr=subprocess.STDOUT,
                            env={**os.environ, "PYTHONUNBUFFERED": "1", **QUIET})
     steps = [r for r in TailReader(str(run / METRICS)).records() if kind_of(r) == "step"]
     sps = [r["sps"] for r in steps[1:] or steps if is_finite(r.get("sps")) and r["sps"] > 0]  # [0]: warm-up
@@ -208,8 +214,12 @@ def _h(s: float) -> str:
     return f"{s / 3600:.2f} h" if s >= 600 else f"{s:.0f} s"
 
 
-def report(m: Measure, p: dict, a) -> str:
-    lines = [f"device {m.device}, batch {m.batch}" + (f", precision {a.precision}, seq_len {a.seq_len}" if not a.cmd else ""),
+def report(m: Measure, p: dict, *, samples: int, epochs: float, eval_samples: int = 0,
+           preprocess_rate: Optional[float] = None, precision: Optional[str] = None,
+           seq_len: Optional[int] = None) -> str:
+    """The bench's text: what was measured, the projection ``p`` (``project``), the verdict.
+    ``precision`` and ``seq_len`` are shown for a model bench (None: a command's)."""
+    lines = [f"device {m.device}, batch {m.batch}" + (f", precision {precision}, seq_len {seq_len}" if precision else ""),
              f"samples/s: median {m.sps:.1f} (spread {m.sps_spread[0]:.1f}-{m.sps_spread[1]:.1f})"]
     if m.oom_batches:
         lines.append(f"out of memory at batch {', '.join(map(str, m.oom_batches))}: largest batch that fits = {m.batch}")
@@ -222,11 +232,11 @@ def report(m: Measure, p: dict, a) -> str:
         except OSError:
             free = ""
         lines.append(f"checkpoint: {m.checkpoint_bytes / 1e9:.3g} GB per save (weights + AdamW moments){free}")
-    lines.append(f"train: {a.samples:,} x {a.epochs:g} epochs / {m.sps:.1f} sps = {_h(p['train_s'])}")
+    lines.append(f"train: {samples:,} x {epochs:g} epochs / {m.sps:.1f} sps = {_h(p['train_s'])}")
     if p["eval_s"]:
-        lines.append(f"eval: {a.eval_samples:,} x {max(a.epochs, 1):g} / {m.eval_sps:.1f} sps = {_h(p['eval_s'])}")
+        lines.append(f"eval: {eval_samples:,} x {max(epochs, 1):g} / {m.eval_sps:.1f} sps = {_h(p['eval_s'])}")
     if p["preprocess_s"]:
-        lines.append(f"preprocess: {a.samples:,} / {a.preprocess_rate:g} rows/s = {_h(p['preprocess_s'])}")
+        lines.append(f"preprocess: {samples:,} / {preprocess_rate:g} rows/s = {_h(p['preprocess_s'])}")
     total = f"total: {_h(p['total_s'])}"
     if p["window_s"]:
         total += f" against a window of {_h(p['window_s'])}"
@@ -271,7 +281,9 @@ def _main(p, a) -> int:
     if a.cmd and os.path.exists(a.run_dir) and not os.path.isdir(a.run_dir):
         p.error(f"--run-dir {a.run_dir} is a file; pass the folder the command writes its metrics.jsonl to")
     try:
-        m = measure_command(a) if a.cmd else measure_model(a)
+        m = measure_command(a.cmd, a.run_dir) if a.cmd else measure_model(
+            model=a.model, task=a.task, num_labels=a.num_labels, seq_len=a.seq_len, batch=a.batch, steps=a.steps,
+            warmup=a.warmup, precision=a.precision, device=a.device)
     except ImportError as e:
         bundle = shlex.quote(str(Path(__file__).resolve().parents[1]) + "[hf]")
         raise UsageError(f"model mode needs torch and transformers ({e.name} missing): pip install -e "
@@ -285,5 +297,7 @@ def _main(p, a) -> int:
     if a.json:
         print(json.dumps({**asdict(m), **proj}))
     else:
-        print(report(m, proj, a))
+        print(report(m, proj, samples=a.samples, epochs=a.epochs, eval_samples=a.eval_samples,
+                     preprocess_rate=a.preprocess_rate, precision=None if a.cmd else a.precision,
+                     seq_len=None if a.cmd else a.seq_len))
     return EXIT_ANOMALY if proj.get("fits") is False else EXIT_OK

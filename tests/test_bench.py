@@ -1,5 +1,4 @@
 """bench.py: real steps of a tiny model, the projection, the verdict, and the OOM retry."""
-import argparse
 import json
 import sys
 
@@ -41,12 +40,10 @@ def test_out_of_memory_halves_the_batch(monkeypatch):
         return real(model, vocab, batch, *rest)
 
     monkeypatch.setattr(bench, "time_steps", limited)
-    a = argparse.Namespace(model=None, num_labels=2, seq_len=16, batch=32, steps=3, warmup=0, precision="fp32",
-                           device="cpu")
-    m = bench.measure_model(a)
+    m = bench.measure_model(seq_len=16, batch=32, steps=3, warmup=0, device="cpu")
     assert m.batch == 4 and m.oom_batches == [32, 16, 8]
-    text = bench.report(m, bench.project(m, 1000, 1, 0, None, None), argparse.Namespace(
-        precision="fp32", seq_len=16, cmd=None, samples=1000, epochs=1.0, eval_samples=0, preprocess_rate=None))
+    text = bench.report(m, bench.project(m, 1000, 1, 0, None, None), samples=1000, epochs=1.0, precision="fp32",
+                        seq_len=16)
     assert "largest batch that fits = 4" in text
 
 
