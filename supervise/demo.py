@@ -119,13 +119,10 @@ def _main(a) -> int:
         raise UsageError("--out is empty; give a new folder for the demo run, e.g. runs/demo")
     run_dir = Path(a.out)
     smoke_dir = run_dir.parent / (run_dir.name + "-smoke")
-    try:
-        for folder in (run_dir, smoke_dir):
-            check_claim(folder)
-        for folder in (run_dir, smoke_dir):
-            claim(folder)
-    except UsageError as e:
-        raise UsageError(f"{e}")
+    for folder in (run_dir, smoke_dir):
+        check_claim(folder)
+    for folder in (run_dir, smoke_dir):
+        claim(folder)
     window = _seconds(a.window)
     py, scripts, template = sys.executable, ROOT / "scripts", str(ROOT / "templates" / TEMPLATE)
     step("1. bench", [py, str(scripts / "bench.py"), "--config", "tiny", "--seq-len", "32", "--batch", "32",
