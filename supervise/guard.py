@@ -387,7 +387,12 @@ def _run_dir_of(pairs: list, command: str) -> str:
     for i, w in enumerate(words):
         flag, eq, value = w.partition("=")
         if flag in OUT_FLAGS and (eq or i + 1 < len(words)):
-            return shlex.quote(value if eq else words[i + 1])
+            # the word as it was written, so that its $VAR (and, as a word of its own, its ~) expands as
+            # it did; quoted again, it would not (a ~ after --out= is not expanded: quoted, as it was)
+            raw = pairs[i][0].partition("=")[2] if eq and pairs[i][0].startswith(flag + "=") else \
+                None if eq else pairs[i + 1][0]
+            ok = raw and not REDIRECT.match(raw) and not (eq and raw.startswith("~"))
+            return raw if ok else shlex.quote(value if eq else words[i + 1])
     for m in re.finditer(r"(?:^|\s)\d*>>?\s*(\S*train\.log)(?=\s|$)", command):
         target = os.path.dirname(_unquote(m.group(1)))
         if target:

@@ -85,6 +85,10 @@ TABLE = [
     ("screen -dmS t torchrun --nproc_per_node 2 train.py --out runs/d", BG, "notified",
      "runs/d -- torchrun --nproc_per_node 2 train.py --out runs/d"),
     ("python train.py --out runs/e | tee runs/e/train.log &", FG, "notified", "runs/e -- python train.py --out runs/e"),
+    ("python train.py --out $OUT > $OUT/train.log 2>&1 &", FG, "notified",
+     "scripts/launch.py $OUT -- python train.py --out $OUT"),  # the run folder as written: $OUT still expands
+    ("python train.py --out ~/runs/f &", FG, "notified", "scripts/launch.py ~/runs/f -- "),
+    ("python train.py --out=~/runs/f &", FG, "notified", "scripts/launch.py '~/runs/f' -- "),  # no ~ after =
     (f"{LAUNCH} &", FG, "notified", LAUNCH),
     # Slurm: a batch job detaches by design; sbatch is a launch that needs no run_in_background (issue 16)
     ("sbatch job.sh", FG, None, ""),
