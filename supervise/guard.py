@@ -7,7 +7,9 @@ by crashing: bad input or an internal error allows the call (and says so on stde
 
 Linear time: the command is split once by a regex lexer (``shlex`` is quadratic in the length of
 a word), every rule reads the same split, and a command longer than ``MAX_COMMAND`` is decided on
-its first ``MAX_COMMAND`` characters, which the reason says.
+its first ``MAX_COMMAND`` characters, which the reason says. Subshells and ``{ }`` groups are
+counted on a stack, not by recursion; a shell's ``-c`` string is split by the same lexer, to
+``MAX_NEST`` levels (the level past it is judged by its text alone).
 """
 from __future__ import annotations
 
@@ -54,9 +56,10 @@ class Call:
     memo: dict = field(default_factory=dict, repr=False, compare=False)  # the split, read once per call
 
 
-# A run of ;&|() is one operator token, except the & of a redirection (2>&1, >&2, &>log), which
-# stays in its word: ``python train.py > log 2>&1`` runs in the foreground.
-_RAW_TOKEN = re.compile(r"""(?:[;|()]|&(?!>))+|(?:[^ \t\r\n;&|()<>'"\\]+|[<>]+&?|&>+|'[^']*'|"[^"\\]*(?:\\.[^"\\]*)*"|\\.)+|['"\\]""", re.S)
+# Each operator is one token (&&, ||, ;;, |&, or one of ;&|()), so ``(python train.py &)`` ends in the
+# operators & and ), except the & of a redirection (2>&1, >&2, &>log), which stays in its word:
+# ``python train.py > log 2>&1`` runs in the foreground.
+_RAW_TOKEN = re.compile(r"""&&|\|\||;;|\|&|[;|()]|&(?!>)|(?:[^ \t\r\n;&|()<>'"\\]+|[<>]+&?|&>+|'[^']*'|"[^"\\]*(?:\\.[^"\\]*)*"|\\.)+|['"\\]""", re.S)
 _QUOTED_PART = re.compile(r"""'([^']*)'|"([^"\\]*(?:\\.[^"\\]*)*)"|\\(.)|([^'"\\]+)""", re.S)
 _DOUBLE_ESCAPE = re.compile(r'\\([\\"])')
 
@@ -68,10 +71,10 @@ def _unquote(word: str) -> str:
 
 def tokens(command: str) -> list[str]:
     """Words and operators as ``shlex.shlex(command, posix=True, punctuation_chars=";&|()")`` with
-    ``whitespace_split`` splits them (quotes removed, a quoted part kept in its word; a run of
-    ``;&|()`` is one token; unlike shlex, a redirection's ``&`` stays in its word: ``2>&1``), in
-    linear time: one regex pass, quotes undone only in the words that hold one. ValueError on an
-    unclosed quote or a final backslash."""
+    ``whitespace_split`` splits them (quotes removed, a quoted part kept in its word), except that
+    each operator is its own token (shlex makes one token of a run such as ``&)``) and a
+    redirection's ``&`` stays in its word (``2>&1``); in linear time: one regex pass, quotes
+    undone only in the words that hold one. ValueError on an unclosed quote or a final backslash."""
     out = _RAW_TOKEN.findall(command)
     for i, t in enumerate(out):
         if "'" in t or '"' in t or "\\" in t:
@@ -94,19 +97,29 @@ def simple_commands(command: str) -> list[tuple[list[str], str]]:
     return [(w, op) for w, op in out if w]
 
 
-def _parts(call: Call) -> Optional[list]:
-    """simple_commands of the call's command, split once per call; None when it does not split."""
-    if "parts" not in call.memo:
+def _items(call: Call) -> Optional[list]:
+    """_raw_items of the call's command, split once per call; None when it does not split."""
+    if "items" not in call.memo:
         try:
-            call.memo["parts"] = simple_commands(call.command)
+            call.memo["items"] = _raw_items(call.command)
         except ValueError:
-            call.memo["parts"] = None
+            call.memo["items"] = None
+    return call.memo["items"]
+
+
+def _parts(call: Call) -> Optional[list]:
+    """simple_commands of the call's command (from the same split as _items); None when it does not split."""
+    if "parts" not in call.memo:
+        items = _items(call)
+        call.memo["parts"] = None if items is None else [([w for _, w in pairs], op) for pairs, op in items if pairs]
     return call.memo["parts"]
 
 
 def _split_env(words: list[str]) -> tuple[dict, list[str]]:
-    """Leading VAR=value assignments (also after ``env``) and the rest."""
+    """Leading VAR=value assignments (also after ``env``, and inside a ``{ ... }`` group) and the rest."""
     env, i = {}, 0
+    while i < len(words) and words[i] == "{":
+        i += 1
     while i < len(words):
         w = words[i]
         if ENV_ASSIGN.match(w):
@@ -306,19 +319,200 @@ def rule_notified(call: Call) -> Optional[str]:
         return None
     if any(os.path.basename(_split_env(w)[1][0]) in SCHEDULERS for w, _ in parts if _split_env(w)[1]):
         return None  # sbatch: the scheduler runs the job detached by design; the watchdog follows it
-    text = call.command
-    trains = bool(_launches(call)) or bool(re.search(r"python\d*(\.\d+)?\s|torchrun|accelerate\s+launch|deepspeed", text))
+    text, items = call.command, _items(call)
     # in the foreground any & detaches; in a background job only a trailing one does (a & b & wait
-    # keeps the job, and its notification, until both end)
-    amp = parts[-1][1] == "&" if call.background else any(op == "&" for _, op in parts)
-    if not (trains and (amp or detached(text))):
+    # keeps the job, and its notification, until both end); items, not parts: the & of ``(...) &``
+    # follows no command
+    amp = items[-1][1] == "&" if call.background else any(op == "&" for _, op in items)
+    outside = amp or detached(text)
+    trains = bool(_launches(call)) or bool(TRAINING_TEXT.search(text)) or (outside and _items_train(items, 0))
+    if not ((trains and outside) or (NESTING_TEXT.search(text) and _nested_detach(items, 0))):
         return None
-    fix = detach_fix(text) if "\n" not in text.strip() and not call.read else None
+    fix = detach_fix(text, 0, items) if "\n" not in text.strip() and not call.read else None
     where = " (RUN_DIR: the run's folder, for train.log and metrics.jsonl.)" if fix and " RUN_DIR -- " in fix else ""
-    return _deny("notified", "A detached launch (&, nohup, setsid, disown, tmux -d, screen -dm) leaves no launch "
-                 "record and never wakes you: start the trainer with the launcher (it detaches it to outlive this "
-                 "session, and records it), then run the watchdog line it prints with run_in_background: true."
-                 + where, fix)
+    how = "" if fix else f" Launch it as {_launcher_form()}."
+    return _deny("notified", "A detached launch (&, nohup, setsid, disown, tmux -d, screen -dm, in bash -c or ( ) "
+                 "too) leaves no launch record and never wakes you: start the trainer with the launcher (it "
+                 "detaches it to outlive this session, and records it), then run the watchdog line it prints "
+                 "with run_in_background: true." + where + how, fix)
+
+
+def _launcher_form() -> str:
+    from .launch import launcher_line  # the deny path only: the hook's hot path stays small
+    return launcher_line("RUN_DIR", "TRAINING_COMMAND")
+
+
+# ----------------------------------------------------------------------------- shells' -c strings and subshells
+MAX_NEST = 3  # levels of bash -c strings read; the one past it is judged by its text alone (a bounded recursion)
+SHELLS = {"bash", "sh", "zsh", "dash", "ksh", "ash"}
+SHELL_ARG_OPTS = {"-o", "+o", "-O", "+O", "--rcfile", "--init-file"}  # a shell's options that take a value
+PREFIXES = {"nohup", "setsid", "exec", "time", "nice", "command"}   # words that run the command after them
+ENV_ARG_OPTS = {"-u", "--unset", "-C", "--chdir"}
+TRAINING_TEXT = re.compile(r"python\d*(\.\d+)?\s|torchrun|accelerate\s+launch|deepspeed")
+LONE_AMP = re.compile(r"(?<![&>|])&(?![&>])")  # an & that puts a command in the background (not &&, 2>&1, &>, |&)
+# what a subshell, a { } group or a shell's -c string needs in the text (a cheap test before the walk)
+NESTING_TEXT = re.compile(r"""[({]|(?:^|[\s/;&|'"])(?:ba|z|da|k|a)?sh['"]?\s""")
+
+
+def _shell_c(pairs: list) -> Optional[tuple[int, int]]:
+    """(where the shell's word is, where its -c string is) when this simple command runs a shell's
+    -c string: ``bash -c STRING``, also sh, zsh, dash, ksh by any path, after VAR=value, env, nohup,
+    setsid, exec, time, nice, with -c among other options (``-lc``, ``--login -c``); else None."""
+    for _, first in pairs:
+        if first != "{":
+            break
+    else:
+        return None
+    if not (first in PREFIXES or first == "env" or first.rpartition("/")[2] in SHELLS or ENV_ASSIGN.match(first)):
+        return None  # the common case, decided on one word
+    words = [w for _, w in pairs]
+    i, n = 0, len(words)
+    while i < n and words[i] == "{":
+        i += 1
+    while i < n:
+        w = words[i]
+        if ENV_ASSIGN.match(w):
+            i += 1
+        elif w == "env" or w in PREFIXES:
+            i += 1
+            while i < n and words[i].startswith("-") and words[i] != "-":
+                i += 2 if w == "env" and words[i] in ENV_ARG_OPTS else 1
+        else:
+            break
+    if i >= n or os.path.basename(words[i]) not in SHELLS:
+        return None
+    j, c = i + 1, False
+    while j < n:
+        w = words[j]
+        if w == "--":
+            j += 1
+            break
+        if w in SHELL_ARG_OPTS:
+            j += 2
+        elif w.startswith("--"):
+            j += 1
+        elif len(w) > 1 and w[0] in "-+" and w[1:].isalpha():
+            c = c or (w[0] == "-" and "c" in w)
+            j += 1
+        else:
+            break
+    return (i, j) if c and j < n else None
+
+
+def _unbrace(pairs: list) -> tuple[int, list]:
+    """How many ``{`` open this simple command, and its words after them."""
+    n = 0
+    while n < len(pairs) and pairs[n][1] == "{":
+        n += 1
+    return n, pairs[n:]
+
+
+def _trains(command: str, depth: int = 0) -> bool:
+    """Does ``command`` start a training launch (not one of the bundle's own scripts), also in a
+    tmux or screen command's string or a shell's -c string; past MAX_NEST levels, judged by its text."""
+    if depth > MAX_NEST:
+        return bool(TRAINING_TEXT.search(command))
+    try:
+        return _items_train(_raw_items(command), depth)
+    except ValueError:
+        return False
+
+
+def _items_train(items: Optional[list], depth: int) -> bool:
+    for pairs, _ in items or []:
+        pairs = _unbrace(pairs)[1]
+        if not pairs:
+            continue
+        if _launch_at(pairs):
+            return True
+        sc = _shell_c(pairs)
+        if sc and _trains(pairs[sc[1]][1], depth + 1):
+            return True
+        words = _split_env([w for _, w in pairs])[1]
+        if words and os.path.basename(words[0]) in MULTIPLEXERS and \
+                any(" " in w and _trains(w, depth + 1) for _, w in pairs[1:]):
+            return True
+    return False
+
+
+def _nested_detach(items: Optional[list], depth: int) -> bool:
+    """True when a training launch inside a ``( ... )`` subshell, a ``{ ... }`` group or a shell's -c
+    string is left running detached: its and-or list ends in ``&`` and no ``wait`` follows in the
+    same group or string (the group, or the shell, ends and leaves it running); or, in a -c string,
+    it runs under nohup, setsid, disown, tmux -d or screen -dm. The top level of the command itself
+    is rule_notified's (depth 0). Groups are counted on a stack, not by recursion; -c strings are
+    read to MAX_NEST levels, the one past it judged by its text. Linear in the command's length."""
+    # per open group: [it ends (a group, or a -c string's own level), a training & pending, it trains, the
+    # and-or list outside it trains]
+    stack = [[depth > 0, False, False, False]]
+    trains = False  # the and-or list being read trains
+    for pairs, op in items or []:
+        if pairs and pairs[0][1] == "}" and len(stack) > 1:
+            frame = stack.pop()
+            if frame[1]:
+                return True
+            trains = frame[3] or frame[2]
+            stack[-1][2] = stack[-1][2] or frame[2]
+            pairs = pairs[1:]
+        n, pairs = _unbrace(pairs)
+        for _ in range(n):
+            stack.append([True, False, False, trains])
+            trains = False
+        if pairs:
+            if pairs[0][1] == "wait":
+                stack[-1][1] = False
+            sc, here = _shell_c(pairs), False
+            if sc is not None:
+                inner = pairs[sc[1]][1]
+                if depth >= MAX_NEST:
+                    here = bool(TRAINING_TEXT.search(inner))
+                    if here and (detached(inner) or LONE_AMP.search(inner)):
+                        return True
+                else:
+                    try:
+                        sub = _raw_items(inner)
+                    except ValueError:  # an unclosed quote: the shell refuses to run it
+                        sub = None
+                    if sub is not None:
+                        if _nested_detach(sub, depth + 1):
+                            return True
+                        here = _items_train(sub, depth + 1)
+                        if here and detached(inner):
+                            return True
+            elif stack[-1][0]:
+                here = _launch_at(pairs) is not None
+            if here:
+                trains = stack[-1][2] = True
+        if op == "(":
+            stack.append([True, False, False, trains])
+            trains = False
+        elif op == ")" and len(stack) > 1:
+            frame = stack.pop()
+            if frame[1]:
+                return True
+            trains = frame[3] or frame[2]
+            stack[-1][2] = stack[-1][2] or frame[2]
+        elif op == "&":
+            if trains and stack[-1][0]:
+                stack[-1][1] = True
+            trains = False
+        elif op in (";", ";;"):
+            trains = False
+    return any(f[0] and f[1] for f in stack)
+
+
+def _detaches(command: str) -> bool:
+    """Would rule_notified still refuse ``command`` run in the foreground (a fix must not)."""
+    nesting = NESTING_TEXT.search(command)
+    if not (nesting or LONE_AMP.search(command) or detached(command)):
+        return False
+    try:
+        items = _raw_items(command)
+    except ValueError:
+        return False
+    amp = any(op == "&" for _, op in items)
+    return ((amp or detached(command)) and (bool(TRAINING_TEXT.search(command)) or _items_train(items, 0))) \
+        or bool(nesting and _nested_detach(items, 0))
 
 
 # ----------------------------------------------------------------------------- the launcher's line as the fix
@@ -329,9 +523,10 @@ LAUNCHER_ENV = {"PYTHONUNBUFFERED", *QUIET}  # the launcher sets these itself
 REDIRECT = re.compile(r"^(?:\d*|&)(?:>>?|<)&?(.*)$")
 
 
-def _raw_parts(command: str) -> list[tuple[list[tuple[str, str]], str]]:
-    """simple_commands with each word's raw text (its quoting kept) beside its value:
-    [([(raw, word), ...], operator that follows)]. ValueError as ``tokens``."""
+def _raw_items(command: str) -> list[tuple[list[tuple[str, str]], str]]:
+    """Each simple command with each word's raw text (its quoting kept) beside its value, and the
+    operator that follows it: [([(raw, word), ...], operator)]; an operator that follows no command
+    (a subshell's ``(``, the ``&&`` after a ``)``) comes as ([], operator). ValueError as ``tokens``."""
     out, cur = [], []
     for raw in _RAW_TOKEN.findall(command):
         if raw in ("'", '"', "\\"):
@@ -341,8 +536,15 @@ def _raw_parts(command: str) -> list[tuple[list[tuple[str, str]], str]]:
             cur = []
         else:
             cur.append((raw, _unquote(raw) if "'" in raw or '"' in raw or "\\" in raw else raw))
-    out.append((cur, ""))
-    return [(w, op) for w, op in out if w]
+    if cur:
+        out.append((cur, ""))
+    return out
+
+
+def _raw_parts(command: str) -> list[tuple[list[tuple[str, str]], str]]:
+    """simple_commands with each word's raw text (its quoting kept) beside its value:
+    [([(raw, word), ...], operator that follows)]. ValueError as ``tokens``."""
+    return [(w, op) for w, op in _raw_items(command) if w]
 
 
 def _launch_at(pairs: list) -> Optional[tuple[list[str], list]]:
@@ -400,58 +602,137 @@ def _run_dir_of(pairs: list, command: str) -> str:
     return "RUN_DIR"
 
 
-def _trains(command: str) -> bool:
-    try:
-        return any(_launch_at(pairs) for pairs, _ in _raw_parts(command))
-    except ValueError:
-        return False
+SEPARATORS = {"&&", "||", ";", "|", "&", "|&", ";;"}
+SUBSTITUTION = re.compile(r"[$<>]\(|\(\(")  # $( ), <( ), >( ), (( )): not subshells a fix may rebuild
 
 
-def detach_fix(command: str) -> Optional[str]:
+def detach_fix(command: str, _depth: int = 0, _split: Optional[list] = None) -> Optional[str]:
     """``command`` with each detached training launch started by the launcher instead (its
     nohup, setsid, tmux or screen, its output redirection and its ``&`` dropped; VAR=value words
-    other than the ones the launcher sets kept in front), ``disown`` and a trailing ``&`` dropped,
-    the other steps kept. None when it cannot be derived."""
+    other than the ones the launcher sets kept in front), also inside a shell's -c string (the shell
+    and its options kept, the string fixed and quoted again) and in ``( )`` or ``{ }`` groups (kept),
+    ``disown`` and the ``&`` that ended a launch dropped, the other steps kept. None when it cannot
+    be derived (also for a command substitution, or past MAX_NEST levels of -c strings). ``_split``:
+    ``_raw_items(command)`` when the caller has it."""
     from .launch import launcher_line  # the deny path only: the hook's hot path stays small
+    if _depth > MAX_NEST or SUBSTITUTION.search(command):
+        return None
     try:
-        parts = _raw_parts(command)
+        items = _raw_items(command) if _split is None else _split
     except ValueError:
         return None
-    out: list = []  # [text, operator]
+    seq: list = []  # the fixed command: ("c", a simple command's text) and ("o", an operator)
     piped = False   # the pipe after a launch (| tee log) is output capture: the launcher does it
-    for pairs, op in parts:
-        if piped:
-            out[-1][1], piped = op, op in ("|", "|&")
+    for pairs, op in items:
+        if pairs and piped:
+            piped = op in ("|", "|&")
+            if op and not piped:
+                seq.append(("o", op))
             continue
-        words = _split_env([w for _, w in pairs])[1]
-        head = os.path.basename(words[0]) if words else ""
-        if head == "disown":
-            continue
-        found = _launch_at(pairs)
-        inner = next((w for _, w in pairs[1:] if " " in w and _trains(w)), None) if head in MULTIPLEXERS else None
-        if found is None and inner is not None:
-            text = detach_fix(inner)  # tmux new -d 'cd /w && python train.py > log 2>&1': its own chain
-            if text is None:
+        if pairs:
+            done = _fix_one(pairs, _depth, launcher_line)
+            if done is None:
                 return None
-            out.append([text, op])
-            continue
-        if found is None:
-            out.append([" ".join(r for r, w in pairs if w not in WRAPPERS), op])
-            continue
+            text, launched = done
+            if text:
+                seq.append(("c", text))
+            if launched and op in ("|", "|&"):
+                piped = True
+                continue
+        if op:
+            seq.append(("o", op))
+    text = _join(seq)
+    return None if not text or detached(text) or _detaches(text) else text
+
+
+def _fix_one(pairs: list, depth: int, launcher_line: Callable) -> Optional[tuple[str, bool]]:
+    """(this simple command fixed, whether it became a launcher line); ("", False) drops it (disown);
+    None when it cannot be fixed."""
+    n, pairs = _unbrace(pairs)
+    brace = "{ " * n
+    if not pairs:
+        return brace.strip(), False
+    words = _split_env([w for _, w in pairs])[1]
+    head = os.path.basename(words[0]) if words else ""
+    if head == "disown":
+        return brace.strip(), False
+    found = _launch_at(pairs)
+    if found is not None:
         env, cmd = found
         if not cmd:
             return None
         line = launcher_line(_run_dir_of(cmd, " ".join(r for r, _ in pairs)), " ".join(r for r, _ in cmd))
-        out.append([" ".join([*env, line]), op])
-        piped = op in ("|", "|&")
-    if not out:
-        return None
-    text = ""
-    for i, (part, op) in enumerate(out):
-        last = i == len(out) - 1
-        op = "&&" if op == "&" else op
-        text += part + ("" if last or not op else ("; " if op == ";" else f" {op} "))
-    return None if detached(text) else text
+        return brace + " ".join([*env, line]), True
+    sc = _shell_c(pairs)
+    if sc is not None and _trains(pairs[sc[1]][1], depth + 1):
+        inner = detach_fix(pairs[sc[1]][1], depth + 1)  # bash -c 'cd x && python train.py &': its own chain
+        if inner is None:
+            return None
+        kept, dropping = [], False
+        for raw, word in pairs[:sc[0]]:  # nohup, setsid (and their options) before the shell go
+            if word in WRAPPERS:
+                dropping = True
+            elif not (dropping and word.startswith("-")):
+                dropping = False
+                kept.append(raw)
+        kept += [r for r, _ in pairs[sc[0]:sc[1]]] + [_requote(inner, pairs[sc[1]][0])]
+        skip = False
+        for raw, _ in pairs[sc[1] + 1:]:  # $0 and the arguments stay; the output redirections go (the
+            if skip:                      # launcher prints the watchdog line to run next)
+                skip = False
+                continue
+            m = REDIRECT.match(raw)
+            if m:
+                skip = m.group(1) == ""
+                continue
+            kept.append(raw)
+        return brace + " ".join(kept), False
+    inner = next((w for _, w in pairs[1:] if " " in w and _trains(w, depth + 1)), None) \
+        if head in MULTIPLEXERS else None
+    if inner is not None:
+        text = detach_fix(inner, depth + 1)  # tmux new -d 'cd /w && python train.py > log 2>&1': its own chain
+        return None if text is None else (brace + text, False)
+    return brace + " ".join(r for r, w in pairs if w not in WRAPPERS), False
+
+
+def _requote(text: str, raw: str) -> str:
+    """``text`` as one shell word, in the quotes ``raw`` had when that keeps its meaning (double
+    quotes keep a $VAR expanding in the outer shell, as it did), else as shlex.quote quotes it."""
+    body = raw[1:-1]
+    if len(raw) > 1 and raw[0] == raw[-1] == '"' and not any(c in body for c in '"\\') \
+            and not any(c in text for c in '"\\`'):
+        return f'"{text}"'
+    if len(raw) > 1 and raw[0] == raw[-1] == "'" and "'" not in body and "'" not in text:
+        return f"'{text}'"
+    return shlex.quote(text)
+
+
+def _join(seq: list) -> str:
+    """The fixed command's text: a separator with nothing to join on one side is dropped (the & of
+    a launch before a ``)`` or the end), the & of a launch becomes && (the launcher returns at once),
+    or ; before a ``}``."""
+    out: list = []
+    for k, (kind, x) in enumerate(seq):
+        if kind == "o" and x in SEPARATORS:
+            nxt = seq[k + 1] if k + 1 < len(seq) else None
+            if not out or out[-1] == ("o", "(") or (out[-1][0] == "o" and out[-1][1] in SEPARATORS) or nxt is None \
+                    or nxt == ("o", ")") or (nxt[0] == "o" and nxt[1] in SEPARATORS):
+                continue
+            if x == "&":
+                x = ";" if nxt[0] == "c" and nxt[1].startswith("}") else "&&"
+        out.append((kind, x))
+    text: list = []  # pieces; a separator's trailing blank is its own piece, so a ) can take its place
+    for kind, x in out:
+        last = text[-1] if text else ""
+        if kind == "c":
+            text += [x] if not text or last == " " or last.endswith("(") else [" ", x]
+        elif x == "(":
+            text.append(" (" if last.endswith("(") else "(")  # never ((: that is arithmetic
+        elif x == ")":
+            text[-1:] = [")"] if last == " " else [last, ")"]
+        else:
+            text += [";" if x == ";" else f" {x}", " "]
+    return "".join(text).strip()
 
 
 def _size(call: Call, path: str) -> int:
