@@ -33,7 +33,13 @@ BIG = 256 << 10
 MAX_TAIL = 200
 CREDENTIALS = ("~/.git-credentials", "~/.netrc", "~/.aws/credentials", "~/.config/gh/hosts.yml",
                "~/.cache/huggingface/token", "~/.huggingface/token", "~/.ssh/id_", "~/.docker/config.json",
-               "~/.kaggle/kaggle.json", "~/.config/huggingface/token")
+               "~/.kaggle/kaggle.json", "~/.config/huggingface/token",
+               # gcloud's application-default credentials and its logins' tokens
+               "~/.config/gcloud/application_default_credentials.json", "~/.config/gcloud/credentials.db",
+               "~/.config/gcloud/access_tokens.db", "~/.config/gcloud/legacy_credentials",
+               # the Azure CLI's token caches and service principals' secrets (not azureProfile.json: names, ids)
+               "~/.azure/accessTokens.json", "~/.azure/msal_token_cache.json", "~/.azure/msal_token_cache.bin",
+               "~/.azure/service_principal_entries.json", "~/.azure/service_principal_entries.bin")
 SECRET_VAR = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD", re.I)
 OPERATORS = {"&&", "||", ";", "|", "&", "|&", ";;", "(", ")"}
 ENV_ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
@@ -785,6 +791,115 @@ def rule_no_log_dumps(call: Call) -> Optional[str]:
     return None
 
 
+# ----------------------------------------------------------------------------- dotenv files, cloud tokens
+# A dotenv file: .env or .env.<something> (.env.local, config/.env.production). Its templates hold no
+# secrets (they are committed to be copied): .env.example, .env.sample, .env.template ... are not one.
+DOTENV_TEMPLATES = {"example", "sample", "template", "dist", "defaults", "tmpl", "tpl"}
+READERS = {"cat", "tac", "nl", "less", "more", "most", "bat", "batcat", "head", "tail", "grep", "egrep", "fgrep",
+           "rg", "ag", "sed", "awk", "gawk", "mawk", "cut", "sort", "uniq", "strings", "xxd", "od", "hexdump",
+           "base64", "base32", "diff", "jq", "column", "paste", "fold", "tar", "zip"}  # print or pack a file
+COPIERS = {"cp", "scp", "rsync", "install"}  # all but the last path are read (cp .env.example .env writes one)
+PROGRAM_FIRST = {"grep", "egrep", "fgrep", "rg", "ag", "sed", "awk", "gawk", "mawk", "jq"}  # 1st word: the pattern
+PROGRAM_FLAGS = ("-e", "-f", "--regexp", "--file", "--expression")  # ... unless given by a flag
+RUNNERS = {"sudo", "doas", "command", "exec", "time", "nice", "nohup", "xargs"}
+CLOUD_TOKEN_VERBS = {"gcloud": {"print-access-token", "print-identity-token", "print-refresh-token", "config-helper"},
+                     "az": {"get-access-token"}}
+DOTENV_LITERAL = re.compile(r"""['"]([^'"\s]*)['"]""")
+CLOUD_KEY_VAR = re.compile(r"\$\{?GOOGLE_APPLICATION_CREDENTIALS\b")  # the path of a service account's key
+
+
+def is_dotenv(word: str) -> bool:
+    """Is ``word`` the path of a dotenv file (.env, .env.local, config/.env, ~/proj/.env.production,
+    a glob .env*), not a template (.env.example, .env.sample, .env.template) or a look-alike (.envrc)."""
+    name = word.rstrip("/").rpartition("/")[2]
+    if name == ".env":
+        return True
+    if name.startswith(".env."):
+        return name.rpartition(".")[2].lower() not in DOTENV_TEMPLATES
+    return name.startswith(".env") and name[4:5] in ("*", "?", "[")
+
+
+def _read_files(exe: str, args: list[str]) -> list[str]:
+    """The paths a reading or copying command reads: its words, less its options, the pattern or
+    program of grep, sed and awk, output redirections' targets, and a copy's destination; an input
+    redirection's target is read; curl's @file, -T file and file:// URL, wget's --post-file= are
+    reads too."""
+    out, plain, i = [], [], 0
+    while i < len(args):
+        a = args[i]
+        m = REDIRECT.match(a)
+        if m:  # > .env writes it; < .env reads it
+            target = m.group(1) or (args[i + 1] if i + 1 < len(args) else "")
+            if ">" not in a[:len(a) - len(m.group(1))]:
+                out.append(target)
+            i += 1 if m.group(1) else 2
+            continue
+        if exe in ("curl", "wget"):
+            if a.startswith("file://"):  # curl file:///srv/app/.env prints it
+                out.append(a[7:])
+            elif "@" in a:
+                out.append(a.partition("@")[2].split(";")[0])
+            elif a in ("-T", "--upload-file") and i + 1 < len(args):
+                out.append(args[i + 1])
+            elif a.startswith(("--post-file=", "--body-file=")):
+                out.append(a.partition("=")[2])
+        elif a.startswith("-"):
+            if "=" in a:
+                out.append(a.partition("=")[2])  # --file=.env
+        else:
+            plain.append(a)
+        i += 1
+    if exe in PROGRAM_FIRST and plain and not any(a.startswith(PROGRAM_FLAGS) for a in args):
+        plain = plain[1:]
+    if exe in COPIERS:
+        plain = plain[:-1]
+    return out + plain if exe not in ("curl", "wget") else out
+
+
+def _secret_read(words: list[str]) -> Optional[str]:
+    """The deny reason when this simple command prints or copies a dotenv file, a cloud key's file
+    (``$GOOGLE_APPLICATION_CREDENTIALS``), or asks a cloud CLI for a live token; else None."""
+    while words and os.path.basename(words[0]) in RUNNERS:
+        words = words[1:]
+        while words and words[0].startswith("-"):
+            words = words[1:]
+    if not words:
+        return None
+    exe, args = os.path.basename(words[0]), words[1:]
+    verbs = CLOUD_TOKEN_VERBS.get(exe)
+    if verbs and any(a in verbs for a in args):
+        verb = next(a for a in args if a in verbs)
+        return (f"{exe} {verb} prints a live access token into the transcript: do not; if a call fails with 401, "
+                "tell the user the login is missing or expired.")
+    files: list[str] = []
+    if exe in READERS or exe in COPIERS or exe in ("curl", "wget"):
+        if exe == "sed" and any(a.startswith(("-i", "--in-place")) for a in args):
+            return None  # edits it in place: nothing is printed
+        if exe in ("grep", "egrep", "fgrep", "rg") and any(a in ("-q", "--quiet", "--silent") or
+                                                           (a[:1] == "-" and a[1:2] != "-" and "q" in a) for a in args):
+            return None  # grep -q KEY .env: is it set? nothing is printed
+        files = _read_files(exe, args)
+    elif PYTHON.match(words[0]) and "-c" in args[:-1]:  # python -c "print(open('.env').read())"
+        code = args[args.index("-c") + 1]
+        reads = "open(" in code or "read_" in code or "dotenv_values" in code
+        files = DOTENV_LITERAL.findall(code) if reads else []
+    elif exe == "dotenv" or (PYTHON.match(words[0]) and args[:2] == ["-m", "dotenv"]):
+        verb = next((a for a in args if a in ("list", "get", "run", "set", "unset")), "")
+        if verb in ("list", "get"):  # dotenv run -- CMD is a use: it passes the values on, unprinted
+            return (f"dotenv {verb} prints the values of a dotenv file, which holds someone's credentials: do not; "
+                    "if a push or download fails with 401, tell the user the token is missing or revoked.")
+    for f in files:
+        if is_dotenv(f):
+            source = shlex.quote(f if "/" in f else "./" + f)  # . FILE without a / searches PATH first
+            return (f"{f} is a dotenv file: it holds someone's credentials: do not read or copy it (to pass it to "
+                    f"a program: set -a && . {source} && set +a && COMMAND, or docker's --env-file); if a push or "
+                    "download fails with 401, tell the user the token is missing or revoked.")
+        if CLOUD_KEY_VAR.match(f):
+            return ("$GOOGLE_APPLICATION_CREDENTIALS names a service account's key: do not read it; if a call fails "
+                    "with 401, tell the user the key is missing or revoked.")
+    return None
+
+
 def rule_no_credential_hunting(call: Call) -> Optional[str]:
     if call.tool != "Bash":
         return None
@@ -803,6 +918,9 @@ def rule_no_credential_hunting(call: Call) -> Optional[str]:
         _, words = _split_env(words)
         if not words:
             continue
+        secret = _secret_read(words)
+        if secret:
+            return _deny("no_credential_hunting", secret, None)
         exe = os.path.basename(words[0])
         shown = []
         if exe in ("echo", "printf"):
@@ -816,6 +934,27 @@ def rule_no_credential_hunting(call: Call) -> Optional[str]:
         if secret:
             return _deny("no_credential_hunting", "Printing secret variables puts them in the transcript: tell "
                          "the user what is missing instead.", None)
+    secret = _secret_inside(_items(call), 0) if NESTING_TEXT.search(text) else None  # bash -c 'cat .env'
+    return _deny("no_credential_hunting", secret, None) if secret else None
+
+
+def _secret_inside(items: Optional[list], depth: int) -> Optional[str]:
+    """_secret_read of the simple commands inside the shells' -c strings of ``items``, to MAX_NEST levels."""
+    for pairs, _ in items or []:
+        sc = _shell_c(pairs) if pairs and depth < MAX_NEST else None
+        if sc is None:
+            continue
+        try:
+            sub = _raw_items(pairs[sc[1]][1])
+        except ValueError:  # an unclosed quote: the shell runs nothing
+            continue
+        for inner, _ in sub:
+            secret = _secret_read(_split_env([w for _, w in inner])[1]) if inner else None
+            if secret:
+                return secret
+        secret = _secret_inside(sub, depth + 1)
+        if secret:
+            return secret
     return None
 
 
