@@ -330,9 +330,9 @@ def rule_notified(call: Call) -> Optional[str]:
     # keeps the job, and its notification, until both end); items, not parts: the & of ``(...) &``
     # follows no command
     amp = items[-1][1] == "&" if call.background else any(op == "&" for _, op in items)
-    outside = amp or detached(text)
-    trains = bool(_launches(call)) or bool(TRAINING_TEXT.search(text)) or (outside and _items_train(items, 0))
-    if not ((trains and outside) or (NESTING_TEXT.search(text) and _nested_detach(items, 0))):
+    # a launch inside a -c string that TRAINING_TEXT misses is a uv run: the walk looks for one then
+    trains = bool(_launches(call)) or bool(TRAINING_TEXT.search(text)) or ("uv" in text and _items_train(items, 0))
+    if not ((trains and (amp or detached(text))) or (_nesting(text) and _nested_detach(items, 0))):
         return None
     fix = detach_fix(text, 0, items) if "\n" not in text.strip() and not call.read else None
     where = " (RUN_DIR: the run's folder, for train.log and metrics.jsonl.)" if fix and " RUN_DIR -- " in fix else ""
@@ -358,6 +358,12 @@ TRAINING_TEXT = re.compile(r"python\d*(\.\d+)?\s|torchrun|accelerate\s+launch|de
 LONE_AMP = re.compile(r"(?<![&>|])&(?![&>])")  # an & that puts a command in the background (not &&, 2>&1, &>, |&)
 # what a subshell, a { } group or a shell's -c string needs in the text (a cheap test before the walk)
 NESTING_TEXT = re.compile(r"""[({]|(?:^|[\s/;&|'"])(?:ba|z|da|k|a)?sh['"]?\s""")
+
+
+def _nesting(text: str) -> bool:
+    """Might ``text`` hold a subshell, a { } group or a shell's -c string: NESTING_TEXT, searched
+    only when the plain substring tests (fast) leave it open."""
+    return "(" in text or "{" in text or ("sh" in text and bool(NESTING_TEXT.search(text)))
 
 
 def _shell_c(pairs: list) -> Optional[tuple[int, int]]:
@@ -509,7 +515,7 @@ def _nested_detach(items: Optional[list], depth: int) -> bool:
 
 def _detaches(command: str) -> bool:
     """Would rule_notified still refuse ``command`` run in the foreground (a fix must not)."""
-    nesting = NESTING_TEXT.search(command)
+    nesting = _nesting(command)
     if not (nesting or LONE_AMP.search(command) or detached(command)):
         return False
     try:
@@ -535,13 +541,15 @@ def _raw_items(command: str) -> list[tuple[list[tuple[str, str]], str]]:
     (a subshell's ``(``, the ``&&`` after a ``)``) comes as ([], operator). ValueError as ``tokens``."""
     out, cur = [], []
     for raw in _RAW_TOKEN.findall(command):
-        if raw in ("'", '"', "\\"):
-            raise ValueError("unbalanced quoting")
         if raw in OPERATORS:
             out.append((cur, raw))
             cur = []
+        elif "'" in raw or '"' in raw or "\\" in raw:
+            if raw in ("'", '"', "\\"):  # the lone character no other branch could take
+                raise ValueError("unbalanced quoting")
+            cur.append((raw, _unquote(raw)))
         else:
-            cur.append((raw, _unquote(raw) if "'" in raw or '"' in raw or "\\" in raw else raw))
+            cur.append((raw, raw))
     if cur:
         out.append((cur, ""))
     return out
@@ -934,7 +942,7 @@ def rule_no_credential_hunting(call: Call) -> Optional[str]:
         if secret:
             return _deny("no_credential_hunting", "Printing secret variables puts them in the transcript: tell "
                          "the user what is missing instead.", None)
-    secret = _secret_inside(_items(call), 0) if NESTING_TEXT.search(text) else None  # bash -c 'cat .env'
+    secret = _secret_inside(_items(call), 0) if _nesting(text) else None  # bash -c 'cat .env'
     return _deny("no_credential_hunting", secret, None) if secret else None
 
 
