@@ -7,7 +7,9 @@ by crashing: bad input or an internal error allows the call (and says so on stde
 
 Linear time: the command is split once by a regex lexer (``shlex`` is quadratic in the length of
 a word), every rule reads the same split, and a command longer than ``MAX_COMMAND`` is decided on
-its first ``MAX_COMMAND`` characters, which the reason says.
+its first ``MAX_COMMAND`` characters, which the reason says. Subshells and ``{ }`` groups are
+counted on a stack, not by recursion; a shell's ``-c`` string is split by the same lexer, to
+``MAX_NEST`` levels (the level past it is judged by its text alone).
 """
 from __future__ import annotations
 
@@ -31,7 +33,13 @@ BIG = 256 << 10
 MAX_TAIL = 200
 CREDENTIALS = ("~/.git-credentials", "~/.netrc", "~/.aws/credentials", "~/.config/gh/hosts.yml",
                "~/.cache/huggingface/token", "~/.huggingface/token", "~/.ssh/id_", "~/.docker/config.json",
-               "~/.kaggle/kaggle.json", "~/.config/huggingface/token")
+               "~/.kaggle/kaggle.json", "~/.config/huggingface/token",
+               # gcloud's application-default credentials and its logins' tokens
+               "~/.config/gcloud/application_default_credentials.json", "~/.config/gcloud/credentials.db",
+               "~/.config/gcloud/access_tokens.db", "~/.config/gcloud/legacy_credentials",
+               # the Azure CLI's token caches and service principals' secrets (not azureProfile.json: names, ids)
+               "~/.azure/accessTokens.json", "~/.azure/msal_token_cache.json", "~/.azure/msal_token_cache.bin",
+               "~/.azure/service_principal_entries.json", "~/.azure/service_principal_entries.bin")
 SECRET_VAR = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD", re.I)
 OPERATORS = {"&&", "||", ";", "|", "&", "|&", ";;", "(", ")"}
 ENV_ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
@@ -54,9 +62,10 @@ class Call:
     memo: dict = field(default_factory=dict, repr=False, compare=False)  # the split, read once per call
 
 
-# A run of ;&|() is one operator token, except the & of a redirection (2>&1, >&2, &>log), which
-# stays in its word: ``python train.py > log 2>&1`` runs in the foreground.
-_RAW_TOKEN = re.compile(r"""(?:[;|()]|&(?!>))+|(?:[^ \t\r\n;&|()<>'"\\]+|[<>]+&?|&>+|'[^']*'|"[^"\\]*(?:\\.[^"\\]*)*"|\\.)+|['"\\]""", re.S)
+# Each operator is one token (&&, ||, ;;, |&, or one of ;&|()), so ``(python train.py &)`` ends in the
+# operators & and ), except the & of a redirection (2>&1, >&2, &>log), which stays in its word:
+# ``python train.py > log 2>&1`` runs in the foreground.
+_RAW_TOKEN = re.compile(r"""&&|\|\||;;|\|&|[;|()]|&(?!>)|(?:[^ \t\r\n;&|()<>'"\\]+|[<>]+&?|&>+|'[^']*'|"[^"\\]*(?:\\.[^"\\]*)*"|\\.)+|['"\\]""", re.S)
 _QUOTED_PART = re.compile(r"""'([^']*)'|"([^"\\]*(?:\\.[^"\\]*)*)"|\\(.)|([^'"\\]+)""", re.S)
 _DOUBLE_ESCAPE = re.compile(r'\\([\\"])')
 
@@ -68,10 +77,10 @@ def _unquote(word: str) -> str:
 
 def tokens(command: str) -> list[str]:
     """Words and operators as ``shlex.shlex(command, posix=True, punctuation_chars=";&|()")`` with
-    ``whitespace_split`` splits them (quotes removed, a quoted part kept in its word; a run of
-    ``;&|()`` is one token; unlike shlex, a redirection's ``&`` stays in its word: ``2>&1``), in
-    linear time: one regex pass, quotes undone only in the words that hold one. ValueError on an
-    unclosed quote or a final backslash."""
+    ``whitespace_split`` splits them (quotes removed, a quoted part kept in its word), except that
+    each operator is its own token (shlex makes one token of a run such as ``&)``) and a
+    redirection's ``&`` stays in its word (``2>&1``); in linear time: one regex pass, quotes
+    undone only in the words that hold one. ValueError on an unclosed quote or a final backslash."""
     out = _RAW_TOKEN.findall(command)
     for i, t in enumerate(out):
         if "'" in t or '"' in t or "\\" in t:
@@ -94,19 +103,29 @@ def simple_commands(command: str) -> list[tuple[list[str], str]]:
     return [(w, op) for w, op in out if w]
 
 
-def _parts(call: Call) -> Optional[list]:
-    """simple_commands of the call's command, split once per call; None when it does not split."""
-    if "parts" not in call.memo:
+def _items(call: Call) -> Optional[list]:
+    """_raw_items of the call's command, split once per call; None when it does not split."""
+    if "items" not in call.memo:
         try:
-            call.memo["parts"] = simple_commands(call.command)
+            call.memo["items"] = _raw_items(call.command)
         except ValueError:
-            call.memo["parts"] = None
+            call.memo["items"] = None
+    return call.memo["items"]
+
+
+def _parts(call: Call) -> Optional[list]:
+    """simple_commands of the call's command (from the same split as _items); None when it does not split."""
+    if "parts" not in call.memo:
+        items = _items(call)
+        call.memo["parts"] = None if items is None else [([w for _, w in pairs], op) for pairs, op in items if pairs]
     return call.memo["parts"]
 
 
 def _split_env(words: list[str]) -> tuple[dict, list[str]]:
-    """Leading VAR=value assignments (also after ``env``) and the rest."""
+    """Leading VAR=value assignments (also after ``env``, and inside a ``{ ... }`` group) and the rest."""
     env, i = {}, 0
+    while i < len(words) and words[i] == "{":
+        i += 1
     while i < len(words):
         w = words[i]
         if ENV_ASSIGN.match(w):
@@ -306,19 +325,206 @@ def rule_notified(call: Call) -> Optional[str]:
         return None
     if any(os.path.basename(_split_env(w)[1][0]) in SCHEDULERS for w, _ in parts if _split_env(w)[1]):
         return None  # sbatch: the scheduler runs the job detached by design; the watchdog follows it
-    text = call.command
-    trains = bool(_launches(call)) or bool(re.search(r"python\d*(\.\d+)?\s|torchrun|accelerate\s+launch|deepspeed", text))
+    text, items = call.command, _items(call)
     # in the foreground any & detaches; in a background job only a trailing one does (a & b & wait
-    # keeps the job, and its notification, until both end)
-    amp = parts[-1][1] == "&" if call.background else any(op == "&" for _, op in parts)
-    if not (trains and (amp or detached(text))):
+    # keeps the job, and its notification, until both end); items, not parts: the & of ``(...) &``
+    # follows no command
+    amp = items[-1][1] == "&" if call.background else any(op == "&" for _, op in items)
+    # a launch inside a -c string that TRAINING_TEXT misses is a uv run: the walk looks for one then
+    trains = bool(_launches(call)) or bool(TRAINING_TEXT.search(text)) or ("uv" in text and _items_train(items, 0))
+    if not ((trains and (amp or detached(text))) or (_nesting(text) and _nested_detach(items, 0))):
         return None
-    fix = detach_fix(text) if "\n" not in text.strip() and not call.read else None
+    fix = detach_fix(text, 0, items) if "\n" not in text.strip() and not call.read else None
     where = " (RUN_DIR: the run's folder, for train.log and metrics.jsonl.)" if fix and " RUN_DIR -- " in fix else ""
-    return _deny("notified", "A detached launch (&, nohup, setsid, disown, tmux -d, screen -dm) leaves no launch "
-                 "record and never wakes you: start the trainer with the launcher (it detaches it to outlive this "
-                 "session, and records it), then run the watchdog line it prints with run_in_background: true."
-                 + where, fix)
+    how = "" if fix else f" Launch it as {_launcher_form()}."
+    return _deny("notified", "A detached launch (&, nohup, setsid, disown, tmux -d, screen -dm, in bash -c or ( ) "
+                 "too) leaves no launch record and never wakes you: start the trainer with the launcher (it "
+                 "detaches it to outlive this session, and records it), then run the watchdog line it prints "
+                 "with run_in_background: true." + where + how, fix)
+
+
+def _launcher_form() -> str:
+    from .launch import launcher_line  # the deny path only: the hook's hot path stays small
+    return launcher_line("RUN_DIR", "TRAINING_COMMAND")
+
+
+# ----------------------------------------------------------------------------- shells' -c strings and subshells
+MAX_NEST = 3  # levels of bash -c strings read; the one past it is judged by its text alone (a bounded recursion)
+SHELLS = {"bash", "sh", "zsh", "dash", "ksh", "ash"}
+SHELL_ARG_OPTS = {"-o", "+o", "-O", "+O", "--rcfile", "--init-file"}  # a shell's options that take a value
+PREFIXES = {"nohup", "setsid", "exec", "time", "nice", "command"}   # words that run the command after them
+ENV_ARG_OPTS = {"-u", "--unset", "-C", "--chdir"}
+TRAINING_TEXT = re.compile(r"python\d*(\.\d+)?\s|torchrun|accelerate\s+launch|deepspeed")
+LONE_AMP = re.compile(r"(?<![&>|])&(?![&>])")  # an & that puts a command in the background (not &&, 2>&1, &>, |&)
+# what a subshell, a { } group or a shell's -c string needs in the text (a cheap test before the walk)
+NESTING_TEXT = re.compile(r"""[({]|(?:^|[\s/;&|'"])(?:ba|z|da|k|a)?sh['"]?\s""")
+
+
+def _nesting(text: str) -> bool:
+    """Might ``text`` hold a subshell, a { } group or a shell's -c string: NESTING_TEXT, searched
+    only when the plain substring tests (fast) leave it open."""
+    return "(" in text or "{" in text or ("sh" in text and bool(NESTING_TEXT.search(text)))
+
+
+def _shell_c(pairs: list) -> Optional[tuple[int, int]]:
+    """(where the shell's word is, where its -c string is) when this simple command runs a shell's
+    -c string: ``bash -c STRING``, also sh, zsh, dash, ksh by any path, after VAR=value, env, nohup,
+    setsid, exec, time, nice, with -c among other options (``-lc``, ``--login -c``); else None."""
+    for _, first in pairs:
+        if first != "{":
+            break
+    else:
+        return None
+    if not (first in PREFIXES or first == "env" or first.rpartition("/")[2] in SHELLS or ENV_ASSIGN.match(first)):
+        return None  # the common case, decided on one word
+    words = [w for _, w in pairs]
+    i, n = 0, len(words)
+    while i < n and words[i] == "{":
+        i += 1
+    while i < n:
+        w = words[i]
+        if ENV_ASSIGN.match(w):
+            i += 1
+        elif w == "env" or w in PREFIXES:
+            i += 1
+            while i < n and words[i].startswith("-") and words[i] != "-":
+                i += 2 if w == "env" and words[i] in ENV_ARG_OPTS else 1
+        else:
+            break
+    if i >= n or os.path.basename(words[i]) not in SHELLS:
+        return None
+    j, c = i + 1, False
+    while j < n:
+        w = words[j]
+        if w == "--":
+            j += 1
+            break
+        if w in SHELL_ARG_OPTS:
+            j += 2
+        elif w.startswith("--"):
+            j += 1
+        elif len(w) > 1 and w[0] in "-+" and w[1:].isalpha():
+            c = c or (w[0] == "-" and "c" in w)
+            j += 1
+        else:
+            break
+    return (i, j) if c and j < n else None
+
+
+def _unbrace(pairs: list) -> tuple[int, list]:
+    """How many ``{`` open this simple command, and its words after them."""
+    n = 0
+    while n < len(pairs) and pairs[n][1] == "{":
+        n += 1
+    return n, pairs[n:]
+
+
+def _trains(command: str, depth: int = 0) -> bool:
+    """Does ``command`` start a training launch (not one of the bundle's own scripts), also in a
+    tmux or screen command's string or a shell's -c string; past MAX_NEST levels, judged by its text."""
+    if depth > MAX_NEST:
+        return bool(TRAINING_TEXT.search(command))
+    try:
+        return _items_train(_raw_items(command), depth)
+    except ValueError:
+        return False
+
+
+def _items_train(items: Optional[list], depth: int) -> bool:
+    for pairs, _ in items or []:
+        pairs = _unbrace(pairs)[1]
+        if not pairs:
+            continue
+        if _launch_at(pairs):
+            return True
+        sc = _shell_c(pairs)
+        if sc and _trains(pairs[sc[1]][1], depth + 1):
+            return True
+        words = _split_env([w for _, w in pairs])[1]
+        if words and os.path.basename(words[0]) in MULTIPLEXERS and \
+                any(" " in w and _trains(w, depth + 1) for _, w in pairs[1:]):
+            return True
+    return False
+
+
+def _nested_detach(items: Optional[list], depth: int) -> bool:
+    """True when a training launch inside a ``( ... )`` subshell, a ``{ ... }`` group or a shell's -c
+    string is left running detached: its and-or list ends in ``&`` and no ``wait`` follows in the
+    same group or string (the group, or the shell, ends and leaves it running); or, in a -c string,
+    it runs under nohup, setsid, disown, tmux -d or screen -dm. The top level of the command itself
+    is rule_notified's (depth 0). Groups are counted on a stack, not by recursion; -c strings are
+    read to MAX_NEST levels, the one past it judged by its text. Linear in the command's length."""
+    # per open group: [it ends (a group, or a -c string's own level), a training & pending, it trains, the
+    # and-or list outside it trains]
+    stack = [[depth > 0, False, False, False]]
+    trains = False  # the and-or list being read trains
+    for pairs, op in items or []:
+        if pairs and pairs[0][1] == "}" and len(stack) > 1:
+            frame = stack.pop()
+            if frame[1]:
+                return True
+            trains = frame[3] or frame[2]
+            stack[-1][2] = stack[-1][2] or frame[2]
+            pairs = pairs[1:]
+        n, pairs = _unbrace(pairs)
+        for _ in range(n):
+            stack.append([True, False, False, trains])
+            trains = False
+        if pairs:
+            if pairs[0][1] == "wait":
+                stack[-1][1] = False
+            sc, here = _shell_c(pairs), False
+            if sc is not None:
+                inner = pairs[sc[1]][1]
+                if depth >= MAX_NEST:
+                    here = bool(TRAINING_TEXT.search(inner))
+                    if here and (detached(inner) or LONE_AMP.search(inner)):
+                        return True
+                else:
+                    try:
+                        sub = _raw_items(inner)
+                    except ValueError:  # an unclosed quote: the shell refuses to run it
+                        sub = None
+                    if sub is not None:
+                        if _nested_detach(sub, depth + 1):
+                            return True
+                        here = _items_train(sub, depth + 1)
+                        if here and detached(inner):
+                            return True
+            elif stack[-1][0]:
+                here = _launch_at(pairs) is not None
+            if here:
+                trains = stack[-1][2] = True
+        if op == "(":
+            stack.append([True, False, False, trains])
+            trains = False
+        elif op == ")" and len(stack) > 1:
+            frame = stack.pop()
+            if frame[1]:
+                return True
+            trains = frame[3] or frame[2]
+            stack[-1][2] = stack[-1][2] or frame[2]
+        elif op == "&":
+            if trains and stack[-1][0]:
+                stack[-1][1] = True
+            trains = False
+        elif op in (";", ";;"):
+            trains = False
+    return any(f[0] and f[1] for f in stack)
+
+
+def _detaches(command: str) -> bool:
+    """Would rule_notified still refuse ``command`` run in the foreground (a fix must not)."""
+    nesting = _nesting(command)
+    if not (nesting or LONE_AMP.search(command) or detached(command)):
+        return False
+    try:
+        items = _raw_items(command)
+    except ValueError:
+        return False
+    amp = any(op == "&" for _, op in items)
+    return ((amp or detached(command)) and (bool(TRAINING_TEXT.search(command)) or _items_train(items, 0))) \
+        or bool(nesting and _nested_detach(items, 0))
 
 
 # ----------------------------------------------------------------------------- the launcher's line as the fix
@@ -329,20 +535,30 @@ LAUNCHER_ENV = {"PYTHONUNBUFFERED", *QUIET}  # the launcher sets these itself
 REDIRECT = re.compile(r"^(?:\d*|&)(?:>>?|<)&?(.*)$")
 
 
-def _raw_parts(command: str) -> list[tuple[list[tuple[str, str]], str]]:
-    """simple_commands with each word's raw text (its quoting kept) beside its value:
-    [([(raw, word), ...], operator that follows)]. ValueError as ``tokens``."""
+def _raw_items(command: str) -> list[tuple[list[tuple[str, str]], str]]:
+    """Each simple command with each word's raw text (its quoting kept) beside its value, and the
+    operator that follows it: [([(raw, word), ...], operator)]; an operator that follows no command
+    (a subshell's ``(``, the ``&&`` after a ``)``) comes as ([], operator). ValueError as ``tokens``."""
     out, cur = [], []
     for raw in _RAW_TOKEN.findall(command):
-        if raw in ("'", '"', "\\"):
-            raise ValueError("unbalanced quoting")
         if raw in OPERATORS:
             out.append((cur, raw))
             cur = []
+        elif "'" in raw or '"' in raw or "\\" in raw:
+            if raw in ("'", '"', "\\"):  # the lone character no other branch could take
+                raise ValueError("unbalanced quoting")
+            cur.append((raw, _unquote(raw)))
         else:
-            cur.append((raw, _unquote(raw) if "'" in raw or '"' in raw or "\\" in raw else raw))
-    out.append((cur, ""))
-    return [(w, op) for w, op in out if w]
+            cur.append((raw, raw))
+    if cur:
+        out.append((cur, ""))
+    return out
+
+
+def _raw_parts(command: str) -> list[tuple[list[tuple[str, str]], str]]:
+    """simple_commands with each word's raw text (its quoting kept) beside its value:
+    [([(raw, word), ...], operator that follows)]. ValueError as ``tokens``."""
+    return [(w, op) for w, op in _raw_items(command) if w]
 
 
 def _launch_at(pairs: list) -> Optional[tuple[list[str], list]]:
@@ -387,7 +603,12 @@ def _run_dir_of(pairs: list, command: str) -> str:
     for i, w in enumerate(words):
         flag, eq, value = w.partition("=")
         if flag in OUT_FLAGS and (eq or i + 1 < len(words)):
-            return shlex.quote(value if eq else words[i + 1])
+            # the word as it was written, so that its $VAR (and, as a word of its own, its ~) expands as
+            # it did; quoted again, it would not (a ~ after --out= is not expanded: quoted, as it was)
+            raw = pairs[i][0].partition("=")[2] if eq and pairs[i][0].startswith(flag + "=") else \
+                None if eq else pairs[i + 1][0]
+            ok = raw and not REDIRECT.match(raw) and not (eq and raw.startswith("~"))
+            return raw if ok else shlex.quote(value if eq else words[i + 1])
     for m in re.finditer(r"(?:^|\s)\d*>>?\s*(\S*train\.log)(?=\s|$)", command):
         target = os.path.dirname(_unquote(m.group(1)))
         if target:
@@ -395,58 +616,137 @@ def _run_dir_of(pairs: list, command: str) -> str:
     return "RUN_DIR"
 
 
-def _trains(command: str) -> bool:
-    try:
-        return any(_launch_at(pairs) for pairs, _ in _raw_parts(command))
-    except ValueError:
-        return False
+SEPARATORS = {"&&", "||", ";", "|", "&", "|&", ";;"}
+SUBSTITUTION = re.compile(r"[$<>]\(|\(\(")  # $( ), <( ), >( ), (( )): not subshells a fix may rebuild
 
 
-def detach_fix(command: str) -> Optional[str]:
+def detach_fix(command: str, _depth: int = 0, _split: Optional[list] = None) -> Optional[str]:
     """``command`` with each detached training launch started by the launcher instead (its
     nohup, setsid, tmux or screen, its output redirection and its ``&`` dropped; VAR=value words
-    other than the ones the launcher sets kept in front), ``disown`` and a trailing ``&`` dropped,
-    the other steps kept. None when it cannot be derived."""
+    other than the ones the launcher sets kept in front), also inside a shell's -c string (the shell
+    and its options kept, the string fixed and quoted again) and in ``( )`` or ``{ }`` groups (kept),
+    ``disown`` and the ``&`` that ended a launch dropped, the other steps kept. None when it cannot
+    be derived (also for a command substitution, or past MAX_NEST levels of -c strings). ``_split``:
+    ``_raw_items(command)`` when the caller has it."""
     from .launch import launcher_line  # the deny path only: the hook's hot path stays small
+    if _depth > MAX_NEST or SUBSTITUTION.search(command):
+        return None
     try:
-        parts = _raw_parts(command)
+        items = _raw_items(command) if _split is None else _split
     except ValueError:
         return None
-    out: list = []  # [text, operator]
+    seq: list = []  # the fixed command: ("c", a simple command's text) and ("o", an operator)
     piped = False   # the pipe after a launch (| tee log) is output capture: the launcher does it
-    for pairs, op in parts:
-        if piped:
-            out[-1][1], piped = op, op in ("|", "|&")
+    for pairs, op in items:
+        if pairs and piped:
+            piped = op in ("|", "|&")
+            if op and not piped:
+                seq.append(("o", op))
             continue
-        words = _split_env([w for _, w in pairs])[1]
-        head = os.path.basename(words[0]) if words else ""
-        if head == "disown":
-            continue
-        found = _launch_at(pairs)
-        inner = next((w for _, w in pairs[1:] if " " in w and _trains(w)), None) if head in MULTIPLEXERS else None
-        if found is None and inner is not None:
-            text = detach_fix(inner)  # tmux new -d 'cd /w && python train.py > log 2>&1': its own chain
-            if text is None:
+        if pairs:
+            done = _fix_one(pairs, _depth, launcher_line)
+            if done is None:
                 return None
-            out.append([text, op])
-            continue
-        if found is None:
-            out.append([" ".join(r for r, w in pairs if w not in WRAPPERS), op])
-            continue
+            text, launched = done
+            if text:
+                seq.append(("c", text))
+            if launched and op in ("|", "|&"):
+                piped = True
+                continue
+        if op:
+            seq.append(("o", op))
+    text = _join(seq)
+    return None if not text or detached(text) or _detaches(text) else text
+
+
+def _fix_one(pairs: list, depth: int, launcher_line: Callable) -> Optional[tuple[str, bool]]:
+    """(this simple command fixed, whether it became a launcher line); ("", False) drops it (disown);
+    None when it cannot be fixed."""
+    n, pairs = _unbrace(pairs)
+    brace = "{ " * n
+    if not pairs:
+        return brace.strip(), False
+    words = _split_env([w for _, w in pairs])[1]
+    head = os.path.basename(words[0]) if words else ""
+    if head == "disown":
+        return brace.strip(), False
+    found = _launch_at(pairs)
+    if found is not None:
         env, cmd = found
         if not cmd:
             return None
         line = launcher_line(_run_dir_of(cmd, " ".join(r for r, _ in pairs)), " ".join(r for r, _ in cmd))
-        out.append([" ".join([*env, line]), op])
-        piped = op in ("|", "|&")
-    if not out:
-        return None
-    text = ""
-    for i, (part, op) in enumerate(out):
-        last = i == len(out) - 1
-        op = "&&" if op == "&" else op
-        text += part + ("" if last or not op else ("; " if op == ";" else f" {op} "))
-    return None if detached(text) else text
+        return brace + " ".join([*env, line]), True
+    sc = _shell_c(pairs)
+    if sc is not None and _trains(pairs[sc[1]][1], depth + 1):
+        inner = detach_fix(pairs[sc[1]][1], depth + 1)  # bash -c 'cd x && python train.py &': its own chain
+        if inner is None:
+            return None
+        kept, dropping = [], False
+        for raw, word in pairs[:sc[0]]:  # nohup, setsid (and their options) before the shell go
+            if word in WRAPPERS:
+                dropping = True
+            elif not (dropping and word.startswith("-")):
+                dropping = False
+                kept.append(raw)
+        kept += [r for r, _ in pairs[sc[0]:sc[1]]] + [_requote(inner, pairs[sc[1]][0])]
+        skip = False
+        for raw, _ in pairs[sc[1] + 1:]:  # $0 and the arguments stay; the output redirections go (the
+            if skip:                      # launcher prints the watchdog line to run next)
+                skip = False
+                continue
+            m = REDIRECT.match(raw)
+            if m:
+                skip = m.group(1) == ""
+                continue
+            kept.append(raw)
+        return brace + " ".join(kept), False
+    inner = next((w for _, w in pairs[1:] if " " in w and _trains(w, depth + 1)), None) \
+        if head in MULTIPLEXERS else None
+    if inner is not None:
+        text = detach_fix(inner, depth + 1)  # tmux new -d 'cd /w && python train.py > log 2>&1': its own chain
+        return None if text is None else (brace + text, False)
+    return brace + " ".join(r for r, w in pairs if w not in WRAPPERS), False
+
+
+def _requote(text: str, raw: str) -> str:
+    """``text`` as one shell word, in the quotes ``raw`` had when that keeps its meaning (double
+    quotes keep a $VAR expanding in the outer shell, as it did), else as shlex.quote quotes it."""
+    body = raw[1:-1]
+    if len(raw) > 1 and raw[0] == raw[-1] == '"' and not any(c in body for c in '"\\') \
+            and not any(c in text for c in '"\\`'):
+        return f'"{text}"'
+    if len(raw) > 1 and raw[0] == raw[-1] == "'" and "'" not in body and "'" not in text:
+        return f"'{text}'"
+    return shlex.quote(text)
+
+
+def _join(seq: list) -> str:
+    """The fixed command's text: a separator with nothing to join on one side is dropped (the & of
+    a launch before a ``)`` or the end), the & of a launch becomes && (the launcher returns at once),
+    or ; before a ``}``."""
+    out: list = []
+    for k, (kind, x) in enumerate(seq):
+        if kind == "o" and x in SEPARATORS:
+            nxt = seq[k + 1] if k + 1 < len(seq) else None
+            if not out or out[-1] == ("o", "(") or (out[-1][0] == "o" and out[-1][1] in SEPARATORS) or nxt is None \
+                    or nxt == ("o", ")") or (nxt[0] == "o" and nxt[1] in SEPARATORS):
+                continue
+            if x == "&":
+                x = ";" if nxt[0] == "c" and nxt[1].startswith("}") else "&&"
+        out.append((kind, x))
+    text: list = []  # pieces; a separator's trailing blank is its own piece, so a ) can take its place
+    for kind, x in out:
+        last = text[-1] if text else ""
+        if kind == "c":
+            text += [x] if not text or last == " " or last.endswith("(") else [" ", x]
+        elif x == "(":
+            text.append(" (" if last.endswith("(") else "(")  # never ((: that is arithmetic
+        elif x == ")":
+            text[-1:] = [")"] if last == " " else [last, ")"]
+        else:
+            text += [";" if x == ";" else f" {x}", " "]
+    return "".join(text).strip()
 
 
 def _size(call: Call, path: str) -> int:
@@ -499,6 +799,115 @@ def rule_no_log_dumps(call: Call) -> Optional[str]:
     return None
 
 
+# ----------------------------------------------------------------------------- dotenv files, cloud tokens
+# A dotenv file: .env or .env.<something> (.env.local, config/.env.production). Its templates hold no
+# secrets (they are committed to be copied): .env.example, .env.sample, .env.template ... are not one.
+DOTENV_TEMPLATES = {"example", "sample", "template", "dist", "defaults", "tmpl", "tpl"}
+READERS = {"cat", "tac", "nl", "less", "more", "most", "bat", "batcat", "head", "tail", "grep", "egrep", "fgrep",
+           "rg", "ag", "sed", "awk", "gawk", "mawk", "cut", "sort", "uniq", "strings", "xxd", "od", "hexdump",
+           "base64", "base32", "diff", "jq", "column", "paste", "fold", "tar", "zip"}  # print or pack a file
+COPIERS = {"cp", "scp", "rsync", "install"}  # all but the last path are read (cp .env.example .env writes one)
+PROGRAM_FIRST = {"grep", "egrep", "fgrep", "rg", "ag", "sed", "awk", "gawk", "mawk", "jq"}  # 1st word: the pattern
+PROGRAM_FLAGS = ("-e", "-f", "--regexp", "--file", "--expression")  # ... unless given by a flag
+RUNNERS = {"sudo", "doas", "command", "exec", "time", "nice", "nohup", "xargs"}
+CLOUD_TOKEN_VERBS = {"gcloud": {"print-access-token", "print-identity-token", "print-refresh-token", "config-helper"},
+                     "az": {"get-access-token"}}
+DOTENV_LITERAL = re.compile(r"""['"]([^'"\s]*)['"]""")
+CLOUD_KEY_VAR = re.compile(r"\$\{?GOOGLE_APPLICATION_CREDENTIALS\b")  # the path of a service account's key
+
+
+def is_dotenv(word: str) -> bool:
+    """Is ``word`` the path of a dotenv file (.env, .env.local, config/.env, ~/proj/.env.production,
+    a glob .env*), not a template (.env.example, .env.sample, .env.template) or a look-alike (.envrc)."""
+    name = word.rstrip("/").rpartition("/")[2]
+    if name == ".env":
+        return True
+    if name.startswith(".env."):
+        return name.rpartition(".")[2].lower() not in DOTENV_TEMPLATES
+    return name.startswith(".env") and name[4:5] in ("*", "?", "[")
+
+
+def _read_files(exe: str, args: list[str]) -> list[str]:
+    """The paths a reading or copying command reads: its words, less its options, the pattern or
+    program of grep, sed and awk, output redirections' targets, and a copy's destination; an input
+    redirection's target is read; curl's @file, -T file and file:// URL, wget's --post-file= are
+    reads too."""
+    out, plain, i = [], [], 0
+    while i < len(args):
+        a = args[i]
+        m = REDIRECT.match(a)
+        if m:  # > .env writes it; < .env reads it
+            target = m.group(1) or (args[i + 1] if i + 1 < len(args) else "")
+            if ">" not in a[:len(a) - len(m.group(1))]:
+                out.append(target)
+            i += 1 if m.group(1) else 2
+            continue
+        if exe in ("curl", "wget"):
+            if a.startswith("file://"):  # curl file:///srv/app/.env prints it
+                out.append(a[7:])
+            elif "@" in a:
+                out.append(a.partition("@")[2].split(";")[0])
+            elif a in ("-T", "--upload-file") and i + 1 < len(args):
+                out.append(args[i + 1])
+            elif a.startswith(("--post-file=", "--body-file=")):
+                out.append(a.partition("=")[2])
+        elif a.startswith("-"):
+            if "=" in a:
+                out.append(a.partition("=")[2])  # --file=.env
+        else:
+            plain.append(a)
+        i += 1
+    if exe in PROGRAM_FIRST and plain and not any(a.startswith(PROGRAM_FLAGS) for a in args):
+        plain = plain[1:]
+    if exe in COPIERS:
+        plain = plain[:-1]
+    return out + plain if exe not in ("curl", "wget") else out
+
+
+def _secret_read(words: list[str]) -> Optional[str]:
+    """The deny reason when this simple command prints or copies a dotenv file, a cloud key's file
+    (``$GOOGLE_APPLICATION_CREDENTIALS``), or asks a cloud CLI for a live token; else None."""
+    while words and os.path.basename(words[0]) in RUNNERS:
+        words = words[1:]
+        while words and words[0].startswith("-"):
+            words = words[1:]
+    if not words:
+        return None
+    exe, args = os.path.basename(words[0]), words[1:]
+    verbs = CLOUD_TOKEN_VERBS.get(exe)
+    if verbs and any(a in verbs for a in args):
+        verb = next(a for a in args if a in verbs)
+        return (f"{exe} {verb} prints a live access token into the transcript: do not; if a call fails with 401, "
+                "tell the user the login is missing or expired.")
+    files: list[str] = []
+    if exe in READERS or exe in COPIERS or exe in ("curl", "wget"):
+        if exe == "sed" and any(a.startswith(("-i", "--in-place")) for a in args):
+            return None  # edits it in place: nothing is printed
+        if exe in ("grep", "egrep", "fgrep", "rg") and any(a in ("-q", "--quiet", "--silent") or
+                                                           (a[:1] == "-" and a[1:2] != "-" and "q" in a) for a in args):
+            return None  # grep -q KEY .env: is it set? nothing is printed
+        files = _read_files(exe, args)
+    elif PYTHON.match(words[0]) and "-c" in args[:-1]:  # python -c "print(open('.env').read())"
+        code = args[args.index("-c") + 1]
+        reads = "open(" in code or "read_" in code or "dotenv_values" in code
+        files = DOTENV_LITERAL.findall(code) if reads else []
+    elif exe == "dotenv" or (PYTHON.match(words[0]) and args[:2] == ["-m", "dotenv"]):
+        verb = next((a for a in args if a in ("list", "get", "run", "set", "unset")), "")
+        if verb in ("list", "get"):  # dotenv run -- CMD is a use: it passes the values on, unprinted
+            return (f"dotenv {verb} prints the values of a dotenv file, which holds someone's credentials: do not; "
+                    "if a push or download fails with 401, tell the user the token is missing or revoked.")
+    for f in files:
+        if is_dotenv(f):
+            source = shlex.quote(f if "/" in f else "./" + f)  # . FILE without a / searches PATH first
+            return (f"{f} is a dotenv file: it holds someone's credentials: do not read or copy it (to pass it to "
+                    f"a program: set -a && . {source} && set +a && COMMAND, or docker's --env-file); if a push or "
+                    "download fails with 401, tell the user the token is missing or revoked.")
+        if CLOUD_KEY_VAR.match(f):
+            return ("$GOOGLE_APPLICATION_CREDENTIALS names a service account's key: do not read it; if a call fails "
+                    "with 401, tell the user the key is missing or revoked.")
+    return None
+
+
 def rule_no_credential_hunting(call: Call) -> Optional[str]:
     if call.tool != "Bash":
         return None
@@ -517,6 +926,9 @@ def rule_no_credential_hunting(call: Call) -> Optional[str]:
         _, words = _split_env(words)
         if not words:
             continue
+        secret = _secret_read(words)
+        if secret:
+            return _deny("no_credential_hunting", secret, None)
         exe = os.path.basename(words[0])
         shown = []
         if exe in ("echo", "printf"):
@@ -530,6 +942,27 @@ def rule_no_credential_hunting(call: Call) -> Optional[str]:
         if secret:
             return _deny("no_credential_hunting", "Printing secret variables puts them in the transcript: tell "
                          "the user what is missing instead.", None)
+    secret = _secret_inside(_items(call), 0) if _nesting(text) else None  # bash -c 'cat .env'
+    return _deny("no_credential_hunting", secret, None) if secret else None
+
+
+def _secret_inside(items: Optional[list], depth: int) -> Optional[str]:
+    """_secret_read of the simple commands inside the shells' -c strings of ``items``, to MAX_NEST levels."""
+    for pairs, _ in items or []:
+        sc = _shell_c(pairs) if pairs and depth < MAX_NEST else None
+        if sc is None:
+            continue
+        try:
+            sub = _raw_items(pairs[sc[1]][1])
+        except ValueError:  # an unclosed quote: the shell runs nothing
+            continue
+        for inner, _ in sub:
+            secret = _secret_read(_split_env([w for _, w in inner])[1]) if inner else None
+            if secret:
+                return secret
+        secret = _secret_inside(sub, depth + 1)
+        if secret:
+            return secret
     return None
 
 

@@ -3,6 +3,7 @@ client's format, or an allow), never a traceback, and inside the hook's own time
 hooks.json even for commands of a megabyte (they once took minutes: a quadratic guard)."""
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -18,6 +19,9 @@ ENV = {k: v for k, v in os.environ.items() if k not in QUIET and k not in ("PYTH
 HOOK_TIMEOUT = json.loads((ROOT / "hooks" / "hooks.json").read_text())["hooks"]["PreToolUse"][0]["hooks"][0]["timeout"]
 LINES = "\n".join(f"python train.py --out runs/{i} > runs/{i}.log 2>&1" for i in range(1000))
 V4 = "args = TrainingArguments(evaluation_strategy='steps')\n"
+NESTED_10 = "python train.py --out runs/a &"
+for _ in range(10):
+    NESTED_10 = "bash -c " + shlex.quote(NESTED_10)
 
 
 def bash(command, background=False):
@@ -43,6 +47,17 @@ CASES = [
     ("1mb_of_operators", bash("&&" * (1 << 19), True), "allow", ""),
     ("1mb_write_with_v4_arguments", json.dumps({"tool_name": "Write", "tool_input": {
         "file_path": "t.py", "content": "x = 1\n" * 170000 + V4}}), "deny v5_arguments", "eval_strategy="),
+    # shells' -c strings and subshells (issue 25): read to a bounded depth, without recursion on groups
+    ("unclosed_quote_inside_a_c_string", bash("bash -c \"python train.py --out runs/a 'oops &\""), "allow", ""),
+    ("1000_shells_opening_a_quote_each", bash('bash -c "' * 1000 + "python train.py &" + '"' * 1000), "deny notified",
+     "run_in_background"),  # the quotes pair up: the & is outside them
+    ("1000_bash_c_words", bash("bash -c " * 1000 + "'python train.py &'"), "allow", ""),  # each -c string: "bash"
+    ("c_strings_quoted_10_deep", bash(NESTED_10), "deny notified", "Launch it as"),  # past the bound: by its text
+    ("100000_subshells_inside_a_c_string", bash("bash -c '" + "(" * 100000 + "python train.py &" + ")" * 100000 + "'"),
+     "deny notified", "run_in_background"),
+    ("200000_unclosed_subshells", bash("(" * 200000 + "python train.py &"), "deny notified", "run_in_background"),
+    ("100000_brace_groups", bash("{ " * 100000 + "python train.py & " + "} " * 100000, True), "deny notified",
+     "Decided on the first"),
     ("not_json", "not json", "allow", ""),
     ("a_list", "[1, 2]", "allow", ""),
     ("deeply_nested_json", "[" * 100000 + "]" * 100000, "allow", ""),
