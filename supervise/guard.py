@@ -555,12 +555,6 @@ def _raw_items(command: str) -> list[tuple[list[tuple[str, str]], str]]:
     return out
 
 
-def _raw_parts(command: str) -> list[tuple[list[tuple[str, str]], str]]:
-    """simple_commands with each word's raw text (its quoting kept) beside its value:
-    [([(raw, word), ...], operator that follows)]. ValueError as ``tokens``."""
-    return [(w, op) for w, op in _raw_items(command) if w]
-
-
 def _launch_at(pairs: list) -> Optional[tuple[list[str], list]]:
     """(the raw VAR=value words to keep, the (raw, word) pairs of the training command with its
     wrappers and redirections dropped) when this simple command is a detached training launch
