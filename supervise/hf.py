@@ -149,7 +149,7 @@ class TrainerTelemetry(TrainerCallback):
             raw = float(torch.stack([x.float() for x in step_losses]).mean())
             if not math.isfinite(raw):
                 self._fatal(state.global_step, f"non-finite loss {raw} at step {state.global_step} "
-                                               "(raw per-step loss, before the Trainer's NaN filter)")
+                                               "(the raw per-step loss, read before logging_nan_inf_filter)")
             self._losses.append(raw)
         if control.should_evaluate and self._eval_seconds:  # announce the silence
             self.tm.expect(max(60.0, 2 * self._eval_seconds), "eval")
