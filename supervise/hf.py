@@ -94,38 +94,31 @@ def cli_recipe(parser, args, argv: list) -> dict:
             "checkpoint_dir": args.output_dir}
 
 
-class TelemetryCallback(TrainerCallback):
-    """Writes RUN_DIR/metrics.jsonl (rank 0), RUN_DIR/ranks/rank-<N>.jsonl (every rank) and,
-    when training completes, the sentinel RUN_DIR/final_val_metrics.json.
+# The class between the markers needs only math, time and transformers.TrainerCallback:
+# templates/train_hf.py holds a verbatim copy (tests/test_telemetry_copies.py keeps it so).
+# --- hf callback: begin ---
+class TrainerTelemetry(TrainerCallback):
+    """The Trainer's training, written into the Telemetry ``tm``: a step record every ``every``
+    optimizer steps (the raw loss averaged since the last record) and at each of the Trainer's
+    logging steps (then with its pre-clip grad norm); sps is Telemetry's (samples per second
+    across all ranks since the last step record, evals and checkpoint saves left out); eval
+    records with every ``eval_*`` metric the Trainer logs; ``expect`` before evals and saves.
+    A forward hook reads the raw loss of every micro-batch (the gradients, when the model
+    returns no loss), so the first non-finite one writes FATAL and raises FloatingPointError
+    whatever ``logging_nan_inf_filter`` says. Whoever made ``tm`` writes the sentinel."""
 
-    Step records every ``every`` optimizer steps (the raw loss averaged since the last record)
-    and at each of the Trainer's logging steps (then with its pre-clip grad norm); eval records
-    carry every ``eval_*`` metric the Trainer reports. Keyword arguments override what is read
-    from the trainer (task, num_labels, vocab_size, total_steps, batch_size, world_size, rank,
-    attempt, resume, resumed, resume_env, checkpoint_dir, flags).
-    """
-
-    def __init__(self, run_dir, *, every: int = 10, **overrides):
-        self.run_dir, self.every, self.overrides = str(run_dir), max(int(every), 1), check_overrides(overrides)
-        self.tm: Telemetry | None = None
+    def __init__(self, tm=None, *, every=10):
+        self.tm, self.every = tm, max(int(every), 1)
         self._hook = None
-        self._losses: list = []  # raw per-step losses (floats) since the last step record
-        self._step_losses: list = []  # the current optimizer step's micro-batch losses (tensors)
-        self._final: dict = {}
+        self._losses = []  # raw per-step losses (floats) since the last step record
+        self._step_losses = []  # the current optimizer step's micro-batch losses (tensors)
+        self._final = {}
         self._eval_seconds = 0.0
         self._save_seconds, self._save_started = 0.0, None
 
-    # -- start
     def on_train_begin(self, args, state, control, model=None, **kw):
-        fields = dict(model_task(model) if model is not None else {"task": "other"},
-                      total_steps=state.max_steps,
-                      batch_size=args.per_device_train_batch_size * args.gradient_accumulation_steps,
-                      resumed=state.global_step > 0, checkpoint_dir=args.output_dir)
-        fields.update(cli_recipe(find_parser(), args, sys.argv))
-        if args.world_size > 1:  # else torchrun's variables: processes the Trainer did not join still get a rank
-            fields.update(world_size=args.world_size, rank=args.process_index)
-        fields.update(self.overrides)
-        self.tm = Telemetry(self.run_dir, **fields)
+        if self.tm is not None:
+            self.tm.mark(state.global_step)  # the first step record's sps is measured from here
         if model is not None and self._hook is None:
             self._hook = model.register_forward_hook(self._capture)
 
@@ -156,7 +149,7 @@ class TelemetryCallback(TrainerCallback):
             raw = float(torch.stack([x.float() for x in step_losses]).mean())
             if not math.isfinite(raw):
                 self._fatal(state.global_step, f"non-finite loss {raw} at step {state.global_step} "
-                                               "(raw per-step loss, before the Trainer's NaN filter)")
+                                               "(the raw per-step loss, read before logging_nan_inf_filter)")
             self._losses.append(raw)
         if control.should_evaluate and self._eval_seconds:  # announce the silence
             self.tm.expect(max(60.0, 2 * self._eval_seconds), "eval")
@@ -164,7 +157,7 @@ class TelemetryCallback(TrainerCallback):
             self._save_started = time.time()
             self.tm.expect(max(120.0, 3 * self._save_seconds), "save")
         if state.global_step % self.every == 0 and not control.should_log:
-            self.tm.step(state.global_step, self._mean_loss(), lr=_lr(kw.get("lr_scheduler")))
+            self.tm.step(state.global_step, self._mean_loss(), lr=self._lr(kw.get("lr_scheduler")))
 
     # -- the Trainer's own logs: its pre-clip grad norm, and every eval metric
     def on_log(self, args, state, control, logs=None, **kw):
@@ -176,7 +169,8 @@ class TelemetryCallback(TrainerCallback):
             self.tm.step(state.global_step, logs["loss"] if loss is None else loss,
                          lr=logs.get("learning_rate"), grad_norm=logs.get("grad_norm"),
                          epoch=logs.get("epoch"))
-        evals = {k: v for k, v in logs.items() if k.startswith("eval_")}
+        evals = {k: v for k, v in logs.items()  # the metrics, not the eval's timings
+                 if k.startswith("eval_") and not k.endswith(("_runtime", "_per_second"))}
         if evals:
             self.tm.eval(state.global_step, **evals)
             self._final.update(evals)
@@ -186,14 +180,13 @@ class TelemetryCallback(TrainerCallback):
         if self._save_started is not None:
             self._save_seconds = max(self._save_seconds, time.time() - self._save_started)
             self._save_started = None
+        if self.tm is not None:
+            self.tm.mark(state.global_step)  # save time is not training throughput
 
     def on_train_end(self, args, state, control, **kw):
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
-        if self.tm is not None:
-            self.tm.done(step=state.global_step, **self._final)
-            self.tm = None
 
     # -- plumbing
     def _mean_loss(self):
@@ -205,9 +198,44 @@ class TelemetryCallback(TrainerCallback):
         self.tm.close()
         raise FloatingPointError(reason + ": lower the learning rate or check the inputs")
 
+    @staticmethod
+    def _lr(scheduler):
+        try:
+            return float(scheduler.get_last_lr()[0])
+        except (AttributeError, IndexError, TypeError):
+            return None
+# --- hf callback: end ---
 
-def _lr(scheduler):
-    try:
-        return float(scheduler.get_last_lr()[0])
-    except (AttributeError, IndexError, TypeError):
-        return None
+
+class TelemetryCallback(TrainerTelemetry):
+    """Writes RUN_DIR/metrics.jsonl (rank 0), RUN_DIR/ranks/rank-<N>.jsonl (every rank) and,
+    when training completes, the sentinel RUN_DIR/final_val_metrics.json: TrainerTelemetry's
+    records, into a Telemetry it makes at train begin from what the trainer says.
+
+    Keyword arguments override what is read from the trainer (task, num_labels, vocab_size,
+    total_steps, batch_size, world_size, rank, attempt, resume, resumed, resume_env,
+    checkpoint_dir, flags).
+    """
+
+    def __init__(self, run_dir, *, every: int = 10, **overrides):
+        super().__init__(every=every)
+        self.run_dir, self.overrides = str(run_dir), check_overrides(overrides)
+
+    # -- start
+    def on_train_begin(self, args, state, control, model=None, **kw):
+        fields = dict(model_task(model) if model is not None else {"task": "other"},
+                      total_steps=state.max_steps,
+                      batch_size=args.per_device_train_batch_size * args.gradient_accumulation_steps,
+                      resumed=state.global_step > 0, checkpoint_dir=args.output_dir)
+        fields.update(cli_recipe(find_parser(), args, sys.argv))
+        if args.world_size > 1:  # else torchrun's variables: processes the Trainer did not join still get a rank
+            fields.update(world_size=args.world_size, rank=args.process_index)
+        fields.update(self.overrides)
+        self.tm = Telemetry(self.run_dir, **fields)
+        super().on_train_begin(args, state, control, model=model, **kw)
+
+    def on_train_end(self, args, state, control, **kw):
+        super().on_train_end(args, state, control, **kw)
+        if self.tm is not None:
+            self.tm.done(step=state.global_step, **self._final)
+            self.tm = None

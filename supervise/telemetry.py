@@ -90,8 +90,10 @@ class Telemetry:
 
     # -- the calls a training loop makes
     def step(self, step, loss, *, lr=None, grad_norm=None, sps=None, **extra):
-        """One step record (rank 0) and one heartbeat (every rank). A non-finite loss or grad
-        norm writes FATAL and raises FloatingPointError: never train on after a NaN."""
+        """One step record (rank 0) and one heartbeat (every rank); returns the step record. A
+        non-finite loss or grad norm writes FATAL and raises FloatingPointError: never train on
+        after a NaN. sps, unless given: samples per second across all ranks (batch_size x
+        world_size) since the last step record or mark()."""
         step, now = int(step), time.time()
         loss, grad_norm = self._num(loss), self._num(grad_norm)
         for name, value in (("loss", loss), ("grad_norm", grad_norm)):
@@ -110,8 +112,15 @@ class Telemetry:
                                      "host": socket.gethostname(), "pid": os.getpid(),
                                      "step": step, "t": t, "time": round(now, 3), "sps": rank_sps})
         extra = {k: self._num(v) for k, v in extra.items()}
-        self._write({"step": step, "t": t, "loss": loss, "lr": self._num(lr),
-                     "grad_norm": grad_norm, "sps": self._num(sps), **extra})
+        rec = {"step": step, "t": t, "loss": loss, "lr": self._num(lr), "grad_norm": grad_norm,
+               "sps": self._num(sps), **extra}
+        self._write(rec)
+        return rec
+
+    def mark(self, step):
+        """Training runs from ``step`` now: the next sps is measured from here. Call it where
+        training starts or resumes, and after a checkpoint save; eval() calls it."""
+        self._mark = (int(step), time.time())
 
     def eval(self, step, **metrics):
         """Any eval metrics: keys get an "eval_" prefix when they lack it (loss -> eval_loss)."""
@@ -119,7 +128,7 @@ class Telemetry:
         for k, v in metrics.items():
             rec[k if k.startswith("eval_") else "eval_" + k] = self._num(v)
         self._write(rec)
-        self._mark = (int(step), time.time())  # eval time is not training throughput
+        self.mark(step)  # eval time is not training throughput
 
     def expect(self, seconds, why):
         """Announce a long silence (an eval, a checkpoint save) so that it is not a stall."""

@@ -1,7 +1,5 @@
 """Fine-tune a sequence classifier with the Hugging Face Trainer (transformers v5), writing the
-telemetry contract that scripts/watchdog.py reads. One file: copy it into your repository.
-
-Launch in the background, on ONE physical line (newlines collapse into spaces in background shells):
+telemetry contract that scripts/watchdog.py reads. Run it in the background, on ONE physical line:
 
     mkdir -p runs/hf && PYTHONUNBUFFERED=1 HF_HUB_DISABLE_PROGRESS_BARS=1 TRANSFORMERS_VERBOSITY=error TOKENIZERS_PARALLELISM=false python -u train_hf.py --out runs/hf >> runs/hf/train.log 2>&1
 
@@ -17,14 +15,17 @@ Smoke preflight first (2,000 samples, 1 epoch, eval every 20 steps):
 
 With no flags it trains a tiny BERT built from a config on a generated sentiment task (offline,
 a CPU, under two minutes); --model PATH_OR_NAME and --data FILE (CSV/JSON/JSONL with text and
-label columns) switch to real ones. TensorBoard for the human, and an SSH tunnel from a laptop:
-
-    tensorboard --logdir runs/hf/tb --port 6006
-    ssh -N -L 6006:localhost:6006 you@gpu-host     # then open http://localhost:6006
+label columns) switch to real ones. TensorBoard: tensorboard --logdir runs/hf/tb --port 6006,
+then from a laptop ssh -N -L 6006:localhost:6006 you@gpu-host and open http://localhost:6006.
 
 RUN_DIR (--out) receives metrics.jsonl, hparams.json (the resolved config), checkpoints/
 (checkpoint-N: the last and the best by AUROC, two at most; each written under a temporary
 name and renamed into place), tb/, and final_val_metrics.json last: the completion sentinel.
+The records are written by Telemetry and TrainerTelemetry, the installed package's
+(supervise.telemetry, supervise.hf) when it is importable, else the verbatim copies below.
+TrainerTelemetry reads each micro-batch's raw loss (and logging_nan_inf_filter=False lets the
+Trainer's own log show a NaN too); sps is Telemetry.step's: samples per second across all
+ranks since the last step record, evals and checkpoint saves left out.
 """
 import argparse
 import math
@@ -33,6 +34,11 @@ import random
 import shutil
 import sys
 import time
+
+import torch
+from transformers import (AutoModelForSequenceClassification, AutoTokenizer, BertConfig,
+                          BertForSequenceClassification, Trainer, TrainerCallback, TrainingArguments,
+                          set_seed)
 
 # ----------------------------------------------------------------------------- config
 OUT = "runs/hf"          # the run directory
@@ -134,10 +140,8 @@ def read_table(path, text_col, label_col):
     import pandas as pd
     if not os.path.isfile(path):
         die(f"{path} does not exist (pass a CSV, JSON or JSONL file)")
-    if path.endswith((".jsonl", ".json")):
-        df = pd.read_json(path, lines=path.endswith(".jsonl"))
-    else:
-        df = pd.read_csv(path)
+    json_file = path.endswith((".jsonl", ".json"))
+    df = pd.read_json(path, lines=path.endswith(".jsonl")) if json_file else pd.read_csv(path)
     missing = [c for c in (text_col, label_col) if c not in df.columns]
     if missing:
         die(f"{path} has no column {missing[0]!r}; columns are {list(df.columns)} (use --text-col / --label-col)")
@@ -161,20 +165,19 @@ def check_labels(labels, num_labels, split, label_col):
 def load_data(a):
     """(train texts, labels), (eval texts, labels), labels checked."""
     if a.data is None:
-        texts, labels = generated_task(a.samples + a.eval_samples, a.seed)
-        train, ev = (texts[:a.samples], labels[:a.samples]), (texts[a.samples:], labels[a.samples:])
+        x, y = generated_task(a.samples + a.eval_samples, a.seed)
+        train, ev = (x[:a.samples], y[:a.samples]), (x[a.samples:], y[a.samples:])
     elif a.eval_data:
-        texts, labels = read_table(a.data, a.text_col, a.label_col)
+        x, y = read_table(a.data, a.text_col, a.label_col)
         ev_x, ev_y = read_table(a.eval_data, a.text_col, a.label_col)
-        train, ev = (texts[:a.samples], labels[:a.samples]), (ev_x[:a.eval_samples], ev_y[:a.eval_samples])
+        train, ev = (x[:a.samples], y[:a.samples]), (ev_x[:a.eval_samples], ev_y[:a.eval_samples])
     else:
-        texts, labels = read_table(a.data, a.text_col, a.label_col)
-        order = list(range(len(texts)))
+        x, y = read_table(a.data, a.text_col, a.label_col)
+        order = list(range(len(x)))
         random.Random(a.seed).shuffle(order)
         n_eval = max(1, int(len(order) * EVAL_FRACTION))
         held, kept = order[:n_eval], order[n_eval:][:a.samples]
-        train = ([texts[i] for i in kept], [labels[i] for i in kept])
-        ev = ([texts[i] for i in held], [labels[i] for i in held])
+        train, ev = ([x[i] for i in kept], [y[i] for i in kept]), ([x[i] for i in held], [y[i] for i in held])
     check_labels(train[1], a.num_labels, "train", a.label_col)
     check_labels(ev[1], a.num_labels, "eval", a.label_col)
     return train, ev
@@ -222,10 +225,7 @@ def compute_metrics(eval_pred):
     logits = logits[0] if isinstance(logits, tuple) else logits
     z = logits - logits.max(axis=1, keepdims=True)
     probs = np.exp(z) / np.exp(z).sum(axis=1, keepdims=True)
-    if probs.shape[1] == 2:
-        auroc = roc_auc_score(labels, probs[:, 1])
-    else:
-        auroc = roc_auc_score(labels, probs, multi_class="ovr")
+    auroc = roc_auc_score(labels, probs[:, 1]) if probs.shape[1] == 2 else roc_auc_score(labels, probs, multi_class="ovr")
     return {"auroc": float(auroc), "acc": float((probs.argmax(axis=1) == labels).mean())}
 
 
@@ -262,332 +262,423 @@ def latest_checkpoint(ckpt_dir):
     return os.path.join(ckpt_dir, max(names, key=step_of)) if names else None
 
 
-def template_trainer(Trainer):
-    class TemplateTrainer(Trainer):
-        """The Trainer's own checkpoints (model, optimizer, scheduler, scaler, RNG states, trainer
-        state with the step and the data position), made atomic: checkpoint-N is written under
-        .staging, moved to .ready-checkpoint-N once complete, the old ones other than the best are
-        moved away, then it is renamed into place. At no instant are there more than two
-        checkpoint-N (the Trainer alone keeps best + last + the new one during each save), and a
-        kill leaves no half-written checkpoint-N."""
+class TemplateTrainer(Trainer):
+    """The Trainer's own checkpoints (model, optimizer, scheduler, scaler, RNG states, trainer
+    state with the step and the data position), made atomic: checkpoint-N is written under
+    .staging, moved to .ready-checkpoint-N once complete, the old ones other than the best are
+    moved away, then it is renamed into place. At no instant are there more than two
+    checkpoint-N (the Trainer alone keeps best + last + the new one during each save), and a
+    kill leaves no half-written checkpoint-N."""
 
-        # A classification loss is a mean per micro-batch: divide it by the accumulation steps.
-        # (The Trainer assumes a model taking **kwargs scales it itself, so with --grad-accum 2,
-        # as an OOM relaunch sets, the loss and the gradients would come out doubled.)
-        loss_is_scaled_for_ga = False
-        staging = None
+    # A classification loss is a mean per micro-batch: divide it by the accumulation steps.
+    # (The Trainer assumes a model taking **kwargs scales it itself, so with --grad-accum 2,
+    # as an OOM relaunch sets, the loss and the gradients would come out doubled.)
+    loss_is_scaled_for_ga = False
+    staging = None
 
-        def _get_output_dir(self, trial):
-            return self.staging or super()._get_output_dir(trial)
+    def _get_output_dir(self, trial):
+        return self.staging or super()._get_output_dir(trial)
 
-        def _save_checkpoint(self, model, trial):
-            real = super()._get_output_dir(trial)
-            name = f"checkpoint-{self.state.global_step}"
-            self.staging = os.path.join(real, ".staging")
-            try:
-                super()._save_checkpoint(model, trial)  # every rank writes its share into .staging
-            finally:
-                self.staging = None
-            self.accelerator.wait_for_everyone()
-            if self.args.should_save:
-                best = self.state.best_global_step
-                self.state.best_model_checkpoint = os.path.join(real, f"checkpoint-{best}") \
-                    if self.args.load_best_model_at_end and best else None
-                staged, ready = os.path.join(real, ".staging", name), os.path.join(real, ".ready-" + name)
-                self.state.save_to_json(os.path.join(staged, "trainer_state.json"))  # the real best path
-                os.replace(staged, ready)
-                keep = {os.path.basename(self.state.best_model_checkpoint or "")}
-                for old in os.listdir(real):
-                    if step_of(old) >= 0 and old not in keep:
-                        os.replace(os.path.join(real, old), os.path.join(real, ".trash-" + old))
-                os.replace(ready, os.path.join(real, name))
-                tidy_checkpoints(real)
-            self.accelerator.wait_for_everyone()
-
-    return TemplateTrainer
+    def _save_checkpoint(self, model, trial):
+        real = super()._get_output_dir(trial)
+        name = f"checkpoint-{self.state.global_step}"
+        self.staging = os.path.join(real, ".staging")
+        try:
+            super()._save_checkpoint(model, trial)  # every rank writes its share into .staging
+        finally:
+            self.staging = None
+        self.accelerator.wait_for_everyone()
+        if self.args.should_save:
+            best = self.state.best_global_step
+            self.state.best_model_checkpoint = os.path.join(real, f"checkpoint-{best}") \
+                if self.args.load_best_model_at_end and best else None
+            staged, ready = os.path.join(real, ".staging", name), os.path.join(real, ".ready-" + name)
+            self.state.save_to_json(os.path.join(staged, "trainer_state.json"))  # the real best path
+            os.replace(staged, ready)
+            keep = {os.path.basename(self.state.best_model_checkpoint or "")}
+            for old in os.listdir(real):
+                if step_of(old) >= 0 and old not in keep:
+                    os.replace(os.path.join(real, old), os.path.join(real, ".trash-" + old))
+            os.replace(ready, os.path.join(real, name))
+            tidy_checkpoints(real)
+        self.accelerator.wait_for_everyone()
 
 
-# ----------------------------------------------------------------------------- telemetry (a verbatim copy of supervise/telemetry.py)
-# --- telemetry: begin ---
-import json
-import math
-import os
-import socket
-import sys
-import tempfile
-import time
-import traceback
-import uuid
+# ----------------------------------------------------------------------------- telemetry
+try:  # the installed package's, when it is importable
+    from supervise.hf import TrainerTelemetry
+    from supervise.telemetry import Telemetry
+except ImportError:  # this file copied alone: verbatim copies of supervise/telemetry.py's and hf.py's blocks
+    # --- telemetry: begin ---
+    import json
+    import math
+    import os
+    import socket
+    import sys
+    import tempfile
+    import time
+    import traceback
+    import uuid
 
 
-class Telemetry:
-    """Writes RUN_DIR/metrics.jsonl (rank 0), RUN_DIR/ranks/rank-<N>.jsonl (every rank) and the
-    completion sentinel RUN_DIR/final_val_metrics.json, one os.write per line (O_APPEND).
+    class Telemetry:
+        """Writes RUN_DIR/metrics.jsonl (rank 0), RUN_DIR/ranks/rank-<N>.jsonl (every rank) and the
+        completion sentinel RUN_DIR/final_val_metrics.json, one os.write per line (O_APPEND).
 
-    task: "classification" | "lm" | "regression" | ... ; chance loss is ln(num_labels) for
-    classification and ln(vocab_size) for lm. batch_size: samples per optimizer step on one rank
-    (per-device batch x gradient accumulation); when given, sps (all ranks) is measured.
-    rank / world_size default to torchrun's RANK / WORLD_SIZE variables.
+        task: "classification" | "lm" | "regression" | ... ; chance loss is ln(num_labels) for
+        classification and ln(vocab_size) for lm. batch_size: samples per optimizer step on one rank
+        (per-device batch x gradient accumulation); when given, sps (all ranks) is measured.
+        rank / world_size default to torchrun's RANK / WORLD_SIZE variables.
 
-    How this script continues (the start record's ``resume``, which the relaunch line uses):
-    resume=["--init_from=resume"] (argv words; "{checkpoint}" stands for the checkpoint path, as
-    in ["--resume_from_checkpoint", "{checkpoint}"]); resume_env={"VAR": "{checkpoint}"} for a
-    recipe given through the environment; checkpoint_dir: where the checkpoints go (a folder or
-    a list). resumed: this launch continues an earlier attempt [True when resume=True, or when
-    the recipe's words are on this command line / its variables are set]; attempt: 1, or when
-    resumed one more than the start records already in metrics.jsonl (never truncated).
-    flags: {"--learning_rate": 3e-4, ...}, flags the script takes and their values now.
-    Values may be anything float() accepts (tensors, numpy scalars).
-    """
+        How this script continues (the start record's ``resume``, which the relaunch line uses):
+        resume=["--init_from=resume"] (argv words; "{checkpoint}" stands for the checkpoint path, as
+        in ["--resume_from_checkpoint", "{checkpoint}"]); resume_env={"VAR": "{checkpoint}"} for a
+        recipe given through the environment; checkpoint_dir: where the checkpoints go (a folder or
+        a list). resumed: this launch continues an earlier attempt [True when resume=True, or when
+        the recipe's words are on this command line / its variables are set]; attempt: 1, or when
+        resumed one more than the start records already in metrics.jsonl (never truncated).
+        flags: {"--learning_rate": 3e-4, ...}, flags the script takes and their values now.
+        Values may be anything float() accepts (tensors, numpy scalars).
+        """
 
-    def __init__(self, run_dir, *, task="classification", num_labels=None, vocab_size=None,
-                 total_steps=None, batch_size=None, world_size=None, rank=None, attempt=None,
-                 resume=False, resumed=None, resume_env=None, checkpoint_dir=None, flags=None):
-        env = os.environ
-        self.run_dir = str(run_dir)
-        self.rank = int(rank if rank is not None else env.get("RANK", env.get("LOCAL_RANK", 0)))
-        self.local_rank = int(env.get("LOCAL_RANK", self.rank))
-        self.world_size = int(world_size or env.get("WORLD_SIZE", 1))
-        self.batch_size = batch_size
-        self.run_id = uuid.uuid4().hex
-        self.t0 = time.time()
-        self.last_step = None
-        self._mark = None  # (step, time) the next sps is measured from
-        self._fatal = False
-        self.metrics_path = os.path.join(self.run_dir, "metrics.jsonl")
-        self.sentinel_path = os.path.join(self.run_dir, "final_val_metrics.json")
-        os.makedirs(os.path.join(self.run_dir, "ranks"), exist_ok=True)
-        self._rank_fd = self._open(os.path.join(self.run_dir, "ranks", f"rank-{self.rank}.jsonl"))
-        self._fd = None
-        resume = resume.split() if isinstance(resume, str) else resume
-        recipe = [str(w) for w in resume] if isinstance(resume, (list, tuple)) else None
-        resume_env = {str(k): str(v) for k, v in resume_env.items()} if resume_env else None
-        if resumed is None:
-            resumed = resume is True or self._recipe_used(recipe, resume_env)
-        if attempt is None:
-            attempt = 1 + self._count_starts() if resumed and self.rank == 0 else 1
-        self.attempt = int(attempt)
-        if self.rank != 0:
-            return
-        chance = {"classification": num_labels, "lm": vocab_size}.get(task)
-        self._fd = self._open(self.metrics_path)
-        self._write({"event": "start", "t": 0, "pid": os.getpid(), "run_id": self.run_id,
-                     "attempt": self.attempt, "task": task, "num_labels": num_labels,
-                     "vocab_size": vocab_size,
-                     "chance_loss": round(math.log(chance), 6) if chance and chance > 1 else None,
-                     "total_steps": total_steps, "batch_size": batch_size,
-                     "world_size": self.world_size, "rank": self.rank, "argv": list(sys.argv),
-                     "cwd": os.getcwd(), "python": sys.executable, "launcher": self._launcher(),
-                     "resume": recipe, "resume_env": resume_env, "checkpoint_dir": self._dirs(checkpoint_dir),
-                     "flags": {str(k): self._num(v) for k, v in flags.items()} if flags else None,
-                     "slurm_job_id": env.get("SLURM_JOB_ID"), "slurm": self._slurm(),
-                     "host": socket.gethostname(), "time": self.t0})
+        def __init__(self, run_dir, *, task="classification", num_labels=None, vocab_size=None,
+                     total_steps=None, batch_size=None, world_size=None, rank=None, attempt=None,
+                     resume=False, resumed=None, resume_env=None, checkpoint_dir=None, flags=None):
+            env = os.environ
+            self.run_dir = str(run_dir)
+            self.rank = int(rank if rank is not None else env.get("RANK", env.get("LOCAL_RANK", 0)))
+            self.local_rank = int(env.get("LOCAL_RANK", self.rank))
+            self.world_size = int(world_size or env.get("WORLD_SIZE", 1))
+            self.batch_size = batch_size
+            self.run_id = uuid.uuid4().hex
+            self.t0 = time.time()
+            self.last_step = None
+            self._mark = None  # (step, time) the next sps is measured from
+            self._fatal = False
+            self.metrics_path = os.path.join(self.run_dir, "metrics.jsonl")
+            self.sentinel_path = os.path.join(self.run_dir, "final_val_metrics.json")
+            os.makedirs(os.path.join(self.run_dir, "ranks"), exist_ok=True)
+            self._rank_fd = self._open(os.path.join(self.run_dir, "ranks", f"rank-{self.rank}.jsonl"))
+            self._fd = None
+            resume = resume.split() if isinstance(resume, str) else resume
+            recipe = [str(w) for w in resume] if isinstance(resume, (list, tuple)) else None
+            resume_env = {str(k): str(v) for k, v in resume_env.items()} if resume_env else None
+            if resumed is None:
+                resumed = resume is True or self._recipe_used(recipe, resume_env)
+            if attempt is None:
+                attempt = 1 + self._count_starts() if resumed and self.rank == 0 else 1
+            self.attempt = int(attempt)
+            if self.rank != 0:
+                return
+            chance = {"classification": num_labels, "lm": vocab_size}.get(task)
+            self._fd = self._open(self.metrics_path)
+            self._write({"event": "start", "t": 0, "pid": os.getpid(), "run_id": self.run_id,
+                         "attempt": self.attempt, "task": task, "num_labels": num_labels,
+                         "vocab_size": vocab_size,
+                         "chance_loss": round(math.log(chance), 6) if chance and chance > 1 else None,
+                         "total_steps": total_steps, "batch_size": batch_size,
+                         "world_size": self.world_size, "rank": self.rank, "argv": list(sys.argv),
+                         "cwd": os.getcwd(), "python": sys.executable, "launcher": self._launcher(),
+                         "resume": recipe, "resume_env": resume_env, "checkpoint_dir": self._dirs(checkpoint_dir),
+                         "flags": {str(k): self._num(v) for k, v in flags.items()} if flags else None,
+                         "slurm_job_id": env.get("SLURM_JOB_ID"), "slurm": self._slurm(),
+                         "host": socket.gethostname(), "time": self.t0})
 
-    # -- the calls a training loop makes
-    def step(self, step, loss, *, lr=None, grad_norm=None, sps=None, **extra):
-        """One step record (rank 0) and one heartbeat (every rank). A non-finite loss or grad
-        norm writes FATAL and raises FloatingPointError: never train on after a NaN."""
-        step, now = int(step), time.time()
-        loss, grad_norm = self._num(loss), self._num(grad_norm)
-        for name, value in (("loss", loss), ("grad_norm", grad_norm)):
-            if isinstance(value, float) and not math.isfinite(value):
-                reason = f"non-finite {name} {value} at step {step}"
-                self.fatal(step, reason)
-                raise FloatingPointError(reason + ": lower the learning rate or check the inputs")
-        rank_sps = None
-        if self.batch_size and self._mark and step > self._mark[0] and now > self._mark[1]:
-            rank_sps = round((step - self._mark[0]) * self.batch_size / (now - self._mark[1]), 3)
-        if sps is None and rank_sps is not None:
-            sps = round(rank_sps * self.world_size, 3)
-        self._mark, self.last_step = (step, now), step
-        t = round(now - self.t0, 3)
-        self._append(self._rank_fd, {"rank": self.rank, "local_rank": self.local_rank,
-                                     "host": socket.gethostname(), "pid": os.getpid(),
-                                     "step": step, "t": t, "time": round(now, 3), "sps": rank_sps})
-        extra = {k: self._num(v) for k, v in extra.items()}
-        self._write({"step": step, "t": t, "loss": loss, "lr": self._num(lr),
-                     "grad_norm": grad_norm, "sps": self._num(sps), **extra})
-
-    def eval(self, step, **metrics):
-        """Any eval metrics: keys get an "eval_" prefix when they lack it (loss -> eval_loss)."""
-        rec = {"step": int(step), "t": round(time.time() - self.t0, 3)}
-        for k, v in metrics.items():
-            rec[k if k.startswith("eval_") else "eval_" + k] = self._num(v)
-        self._write(rec)
-        self._mark = (int(step), time.time())  # eval time is not training throughput
-
-    def expect(self, seconds, why):
-        """Announce a long silence (an eval, a checkpoint save) so that it is not a stall."""
-        self._write({"event": "expect", "t": round(time.time() - self.t0, 3),
-                     "seconds": float(seconds), "why": str(why)})
-
-    def fatal(self, step, reason):
-        """Write a FATAL record (rank 0: metrics.jsonl; other ranks: their rank file)."""
-        rec = {"step": int(step) if step is not None else self.last_step,
-               "t": round(time.time() - self.t0, 3), "FATAL": str(reason)}
-        if self.rank == 0:
+        # -- the calls a training loop makes
+        def step(self, step, loss, *, lr=None, grad_norm=None, sps=None, **extra):
+            """One step record (rank 0) and one heartbeat (every rank); returns the step record. A
+            non-finite loss or grad norm writes FATAL and raises FloatingPointError: never train on
+            after a NaN. sps, unless given: samples per second across all ranks (batch_size x
+            world_size) since the last step record or mark()."""
+            step, now = int(step), time.time()
+            loss, grad_norm = self._num(loss), self._num(grad_norm)
+            for name, value in (("loss", loss), ("grad_norm", grad_norm)):
+                if isinstance(value, float) and not math.isfinite(value):
+                    reason = f"non-finite {name} {value} at step {step}"
+                    self.fatal(step, reason)
+                    raise FloatingPointError(reason + ": lower the learning rate or check the inputs")
+            rank_sps = None
+            if self.batch_size and self._mark and step > self._mark[0] and now > self._mark[1]:
+                rank_sps = round((step - self._mark[0]) * self.batch_size / (now - self._mark[1]), 3)
+            if sps is None and rank_sps is not None:
+                sps = round(rank_sps * self.world_size, 3)
+            self._mark, self.last_step = (step, now), step
+            t = round(now - self.t0, 3)
+            self._append(self._rank_fd, {"rank": self.rank, "local_rank": self.local_rank,
+                                         "host": socket.gethostname(), "pid": os.getpid(),
+                                         "step": step, "t": t, "time": round(now, 3), "sps": rank_sps})
+            extra = {k: self._num(v) for k, v in extra.items()}
+            rec = {"step": step, "t": t, "loss": loss, "lr": self._num(lr), "grad_norm": grad_norm,
+                   "sps": self._num(sps), **extra}
             self._write(rec)
-        else:
-            self._append(self._rank_fd, dict(rec, rank=self.rank, pid=os.getpid()))
-        self._fatal = True
+            return rec
 
-    def done(self, **final):
-        """Write the completion sentinel atomically (rank 0), carrying this run's run_id."""
-        if self.rank == 0:
-            data = {"run_id": self.run_id, "attempt": self.attempt, "step": self.last_step}
-            data.update({k: self._num(v) for k, v in final.items()})
-            fd, tmp = tempfile.mkstemp(prefix=".final.", dir=self.run_dir)
-            with os.fdopen(fd, "w") as f:
-                json.dump(data, f, indent=1)
-            os.replace(tmp, self.sentinel_path)
-        self.close()
+        def mark(self, step):
+            """Training runs from ``step`` now: the next sps is measured from here. Call it where
+            training starts or resumes, and after a checkpoint save; eval() calls it."""
+            self._mark = (int(step), time.time())
 
-    def close(self):
-        for fd in (self._fd, self._rank_fd):
-            if fd is not None:
-                os.close(fd)
-        self._fd = self._rank_fd = None
+        def eval(self, step, **metrics):
+            """Any eval metrics: keys get an "eval_" prefix when they lack it (loss -> eval_loss)."""
+            rec = {"step": int(step), "t": round(time.time() - self.t0, 3)}
+            for k, v in metrics.items():
+                rec[k if k.startswith("eval_") else "eval_" + k] = self._num(v)
+            self._write(rec)
+            self.mark(step)  # eval time is not training throughput
 
-    def __enter__(self):
-        return self
+        def expect(self, seconds, why):
+            """Announce a long silence (an eval, a checkpoint save) so that it is not a stall."""
+            self._write({"event": "expect", "t": round(time.time() - self.t0, 3),
+                         "seconds": float(seconds), "why": str(why)})
 
-    def __exit__(self, exc_type, exc, tb):
-        if exc_type is not None and not self._fatal and self._rank_fd is not None:
-            last = traceback.format_exception_only(exc_type, exc)[-1].strip()
-            self.fatal(self.last_step, last)
-        self.close()
-        return False  # re-raise
+        def fatal(self, step, reason):
+            """Write a FATAL record (rank 0: metrics.jsonl; other ranks: their rank file)."""
+            rec = {"step": int(step) if step is not None else self.last_step,
+                   "t": round(time.time() - self.t0, 3), "FATAL": str(reason)}
+            if self.rank == 0:
+                self._write(rec)
+            else:
+                self._append(self._rank_fd, dict(rec, rank=self.rank, pid=os.getpid()))
+            self._fatal = True
 
-    # -- plumbing
-    @staticmethod
-    def _open(path):
-        return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        def done(self, **final):
+            """Write the completion sentinel atomically (rank 0), carrying this run's run_id."""
+            if self.rank == 0:
+                data = {"run_id": self.run_id, "attempt": self.attempt, "step": self.last_step}
+                data.update({k: self._num(v) for k, v in final.items()})
+                fd, tmp = tempfile.mkstemp(prefix=".final.", dir=self.run_dir)
+                with os.fdopen(fd, "w") as f:
+                    json.dump(data, f, indent=1)
+                os.replace(tmp, self.sentinel_path)
+            self.close()
 
-    def _write(self, rec):
-        if self._fd is not None:
-            self._append(self._fd, rec)
+        def close(self):
+            for fd in (self._fd, self._rank_fd):
+                if fd is not None:
+                    os.close(fd)
+            self._fd = self._rank_fd = None
 
-    @staticmethod
-    def _recipe_used(recipe, env_recipe):
-        """True when this command line holds the recipe's words ("{checkpoint}": any path), or
-        the environment sets its variables: this launch is a resume."""
-        if env_recipe:
-            return all(os.environ.get(k) for k in env_recipe)
-        if not recipe:
-            return False
-        args = sys.argv[1:]
-        for word in recipe:
-            head = word.split("{checkpoint}")[0]
-            if "{checkpoint}" in word:
-                if head and not any(a.startswith(head) for a in args):
-                    return False
-            elif word not in args:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, exc_type, exc, tb):
+            if exc_type is not None and not self._fatal and self._rank_fd is not None:
+                last = traceback.format_exception_only(exc_type, exc)[-1].strip()
+                self.fatal(self.last_step, last)
+            self.close()
+            return False  # re-raise
+
+        # -- plumbing
+        @staticmethod
+        def _open(path):
+            return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+        def _write(self, rec):
+            if self._fd is not None:
+                self._append(self._fd, rec)
+
+        @staticmethod
+        def _recipe_used(recipe, env_recipe):
+            """True when this command line holds the recipe's words ("{checkpoint}": any path), or
+            the environment sets its variables: this launch is a resume."""
+            if env_recipe:
+                return all(os.environ.get(k) for k in env_recipe)
+            if not recipe:
                 return False
-        return True
+            args = sys.argv[1:]
+            for word in recipe:
+                head = word.split("{checkpoint}")[0]
+                if "{checkpoint}" in word:
+                    if head and not any(a.startswith(head) for a in args):
+                        return False
+                elif word not in args:
+                    return False
+            return True
 
-    @staticmethod
-    def _dirs(checkpoint_dir):
-        if not checkpoint_dir:
-            return None
-        if isinstance(checkpoint_dir, (list, tuple)):
-            return [os.path.abspath(str(d)) for d in checkpoint_dir] or None
-        return os.path.abspath(str(checkpoint_dir))
+        @staticmethod
+        def _dirs(checkpoint_dir):
+            if not checkpoint_dir:
+                return None
+            if isinstance(checkpoint_dir, (list, tuple)):
+                return [os.path.abspath(str(d)) for d in checkpoint_dir] or None
+            return os.path.abspath(str(checkpoint_dir))
 
-    @staticmethod
-    def _launcher():
-        """The words that launched this script under torchrun, to launch it again the same way:
-        the parent's command line up to the script (torchrun -> python -m torch.distributed.run),
-        else rebuilt from torchrun's variables; None when no launcher ran it."""
-        env, argv = os.environ, list(sys.argv)
-        if not env.get("TORCHELASTIC_RUN_ID"):
-            return None
-        try:
-            with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
-                parent = [w.decode("utf-8", "replace") for w in f.read().split(b"\0")[:-1]]
-        except OSError:
-            parent = []
-        head = parent[:-len(argv)] if argv and len(parent) > len(argv) and parent[-len(argv):] == argv else None
-        if head:
-            at = next((i for i, w in enumerate(head[:2]) if os.path.basename(w) == "torchrun"), None)
-            return head if at is None else [sys.executable, "-m", "torch.distributed.run", *head[at + 1:]]
-        local = int(env.get("LOCAL_WORLD_SIZE") or 1)
-        nodes = int(env.get("GROUP_WORLD_SIZE") or max(1, int(env.get("WORLD_SIZE") or local) // max(local, 1)))
-        head = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}", f"--nproc_per_node={local}"]
-        if nodes == 1:
-            return head + ["--standalone"]
-        return head + [f"--rdzv_id={env['TORCHELASTIC_RUN_ID']}", "--rdzv_backend=c10d",
-                       f"--rdzv_endpoint={env.get('MASTER_ADDR', 'localhost')}:{env.get('MASTER_PORT', '29500')}"]
+        @staticmethod
+        def _launcher():
+            """The words that launched this script under torchrun, to launch it again the same way:
+            the parent's command line up to the script (torchrun -> python -m torch.distributed.run),
+            else rebuilt from torchrun's variables; None when no launcher ran it."""
+            env, argv = os.environ, list(sys.argv)
+            if not env.get("TORCHELASTIC_RUN_ID"):
+                return None
+            try:
+                with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+                    parent = [w.decode("utf-8", "replace") for w in f.read().split(b"\0")[:-1]]
+            except OSError:
+                parent = []
+            head = parent[:-len(argv)] if argv and len(parent) > len(argv) and parent[-len(argv):] == argv else None
+            if head:
+                at = next((i for i, w in enumerate(head[:2]) if os.path.basename(w) == "torchrun"), None)
+                return head if at is None else [sys.executable, "-m", "torch.distributed.run", *head[at + 1:]]
+            local = int(env.get("LOCAL_WORLD_SIZE") or 1)
+            nodes = int(env.get("GROUP_WORLD_SIZE") or max(1, int(env.get("WORLD_SIZE") or local) // max(local, 1)))
+            head = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}", f"--nproc_per_node={local}"]
+            if nodes == 1:
+                return head + ["--standalone"]
+            return head + [f"--rdzv_id={env['TORCHELASTIC_RUN_ID']}", "--rdzv_backend=c10d",
+                           f"--rdzv_endpoint={env.get('MASTER_ADDR', 'localhost')}:{env.get('MASTER_PORT', '29500')}"]
 
-    @staticmethod
-    def _slurm():
-        """The Slurm job's resources, from its variables (to resubmit it alike); None outside a job."""
-        env = os.environ
-        if not env.get("SLURM_JOB_ID"):
-            return None
-        names = {"job_name": "SLURM_JOB_NAME", "partition": "SLURM_JOB_PARTITION", "nodes": "SLURM_JOB_NUM_NODES",
-                 "ntasks_per_node": "SLURM_NTASKS_PER_NODE", "cpus_per_task": "SLURM_CPUS_PER_TASK",
-                 "gpus_per_node": "SLURM_GPUS_ON_NODE", "mem_per_node": "SLURM_MEM_PER_NODE",
-                 "account": "SLURM_JOB_ACCOUNT", "qos": "SLURM_JOB_QOS", "submit_dir": "SLURM_SUBMIT_DIR"}
-        return {k: env[v] for k, v in names.items() if env.get(v)}
+        @staticmethod
+        def _slurm():
+            """The Slurm job's resources, from its variables (to resubmit it alike); None outside a job."""
+            env = os.environ
+            if not env.get("SLURM_JOB_ID"):
+                return None
+            names = {"job_name": "SLURM_JOB_NAME", "partition": "SLURM_JOB_PARTITION", "nodes": "SLURM_JOB_NUM_NODES",
+                     "ntasks_per_node": "SLURM_NTASKS_PER_NODE", "cpus_per_task": "SLURM_CPUS_PER_TASK",
+                     "gpus_per_node": "SLURM_GPUS_ON_NODE", "mem_per_node": "SLURM_MEM_PER_NODE",
+                     "account": "SLURM_JOB_ACCOUNT", "qos": "SLURM_JOB_QOS", "submit_dir": "SLURM_SUBMIT_DIR"}
+            return {k: env[v] for k, v in names.items() if env.get(v)}
 
-    def _count_starts(self):
-        n = 0
-        try:
-            with open(self.metrics_path, "rb") as f:
-                for line in f:
-                    if b'"start"' in line:
-                        try:
-                            n += json.loads(line).get("event") == "start"
-                        except (ValueError, AttributeError):
-                            pass
-        except FileNotFoundError:
-            pass
-        return n
+        def _count_starts(self):
+            n = 0
+            try:
+                with open(self.metrics_path, "rb") as f:
+                    for line in f:
+                        if b'"start"' in line:
+                            try:
+                                n += json.loads(line).get("event") == "start"
+                            except (ValueError, AttributeError):
+                                pass
+            except FileNotFoundError:
+                pass
+            return n
 
-    @staticmethod
-    def _num(v):
-        """A plain float for anything float() accepts (tensors, numpy); other values unchanged."""
-        if v is None or isinstance(v, (bool, int, float, str)):
-            return v
-        try:
-            return float(v)
-        except (TypeError, ValueError, RuntimeError):
-            return v
+        @staticmethod
+        def _num(v):
+            """A plain float for anything float() accepts (tensors, numpy); other values unchanged."""
+            if v is None or isinstance(v, (bool, int, float, str)):
+                return v
+            try:
+                return float(v)
+            except (TypeError, ValueError, RuntimeError):
+                return v
 
-    @staticmethod
-    def _append(fd, rec):
-        if fd is not None:
-            os.write(fd, (json.dumps(rec, default=str) + "\n").encode())  # one write per line
-# --- telemetry: end ---
+        @staticmethod
+        def _append(fd, rec):
+            if fd is not None:
+                os.write(fd, (json.dumps(rec, default=str) + "\n").encode())  # one write per line
+    # --- telemetry: end ---
 
+    # --- hf callback: begin ---
+    class TrainerTelemetry(TrainerCallback):
+        """The Trainer's training, written into the Telemetry ``tm``: a step record every ``every``
+        optimizer steps (the raw loss averaged since the last record) and at each of the Trainer's
+        logging steps (then with its pre-clip grad norm); sps is Telemetry's (samples per second
+        across all ranks since the last step record, evals and checkpoint saves left out); eval
+        records with every ``eval_*`` metric the Trainer logs; ``expect`` before evals and saves.
+        A forward hook reads the raw loss of every micro-batch (the gradients, when the model
+        returns no loss), so the first non-finite one writes FATAL and raises FloatingPointError
+        whatever ``logging_nan_inf_filter`` says. Whoever made ``tm`` writes the sentinel."""
 
-def telemetry_callback(TrainerCallback, tel, per_step):
-    class TelemetryCallback(TrainerCallback):
-        """The Trainer's logs into Telemetry: a step record (rank 0) and a heartbeat (every rank)
-        each logging step, FATAL and a raise on the first non-finite loss or grad norm (the
-        Trainer runs with logging_nan_inf_filter=False, which would hide it), every eval metric."""
+        def __init__(self, tm=None, *, every=10):
+            self.tm, self.every = tm, max(int(every), 1)
+            self._hook = None
+            self._losses = []  # raw per-step losses (floats) since the last step record
+            self._step_losses = []  # the current optimizer step's micro-batch losses (tensors)
+            self._final = {}
+            self._eval_seconds = 0.0
+            self._save_seconds, self._save_started = 0.0, None
 
-        last, eval_seconds = (0, 0.0), 0.0
+        def on_train_begin(self, args, state, control, model=None, **kw):
+            if self.tm is not None:
+                self.tm.mark(state.global_step)  # the first step record's sps is measured from here
+            if model is not None and self._hook is None:
+                self._hook = model.register_forward_hook(self._capture)
 
-        def on_train_begin(self, args, state, control, **kw):
-            self.last = (state.global_step, time.time())
+        def _capture(self, module, inputs, output):
+            if not module.training:
+                return
+            loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
+            if loss is not None and getattr(loss, "numel", lambda: 0)() == 1:
+                self._step_losses.append(loss.detach())
 
+        # -- every optimizer step
+        def on_pre_optimizer_step(self, args, state, control, model=None, **kw):
+            if self._step_losses or model is None or self.tm is None:
+                return
+            import torch  # a trainer whose model returns no loss (DPO, GRPO...): check the gradients
+
+            grads = [p.grad for p in model.parameters() if p.grad is not None]
+            if grads and not torch.isfinite(torch.nn.utils.get_total_norm(grads)):
+                self._fatal(state.global_step + 1, "non-finite gradients (the model's loss is not visible)")
+
+        def on_step_end(self, args, state, control, **kw):
+            if self.tm is None:
+                return
+            step_losses, self._step_losses = self._step_losses, []
+            if step_losses:
+                import torch
+
+                raw = float(torch.stack([x.float() for x in step_losses]).mean())
+                if not math.isfinite(raw):
+                    self._fatal(state.global_step, f"non-finite loss {raw} at step {state.global_step} "
+                                                   "(the raw per-step loss, read before logging_nan_inf_filter)")
+                self._losses.append(raw)
+            if control.should_evaluate and self._eval_seconds:  # announce the silence
+                self.tm.expect(max(60.0, 2 * self._eval_seconds), "eval")
+            if control.should_save:  # a checkpoint of a large model can take minutes: announce it too
+                self._save_started = time.time()
+                self.tm.expect(max(120.0, 3 * self._save_seconds), "save")
+            if state.global_step % self.every == 0 and not control.should_log:
+                self.tm.step(state.global_step, self._mean_loss(), lr=self._lr(kw.get("lr_scheduler")))
+
+        # -- the Trainer's own logs: its pre-clip grad norm, and every eval metric
         def on_log(self, args, state, control, logs=None, **kw):
             logs = logs or {}
-            if "eval_runtime" in logs:
-                self.eval_seconds += logs["eval_runtime"]
+            if self.tm is None:
+                return
             if "loss" in logs:
-                step0, t_prev = self.last
-                seconds = max(time.time() - t_prev - self.eval_seconds, 1e-9)
-                self.last, self.eval_seconds = (state.global_step, time.time()), 0.0
-                tel.step(state.global_step, logs["loss"], lr=logs.get("learning_rate"), grad_norm=logs.get("grad_norm"),
-                         sps=round((state.global_step - step0) * per_step / seconds, 2), epoch=logs.get("epoch"))
-            metrics = {k: v for k, v in logs.items() if k.startswith("eval_") and not k.endswith(
-                ("_runtime", "_per_second"))}
-            if metrics:
-                tel.eval(state.global_step, **metrics)
+                loss = self._mean_loss()
+                self.tm.step(state.global_step, logs["loss"] if loss is None else loss,
+                             lr=logs.get("learning_rate"), grad_norm=logs.get("grad_norm"),
+                             epoch=logs.get("epoch"))
+            evals = {k: v for k, v in logs.items()  # the metrics, not the eval's timings
+                     if k.startswith("eval_") and not k.endswith(("_runtime", "_per_second"))}
+            if evals:
+                self.tm.eval(state.global_step, **evals)
+                self._final.update(evals)
+                self._eval_seconds = float(logs.get("eval_runtime") or 0.0)
 
-    return TelemetryCallback()
+        def on_save(self, args, state, control, **kw):
+            if self._save_started is not None:
+                self._save_seconds = max(self._save_seconds, time.time() - self._save_started)
+                self._save_started = None
+            if self.tm is not None:
+                self.tm.mark(state.global_step)  # save time is not training throughput
+
+        def on_train_end(self, args, state, control, **kw):
+            if self._hook is not None:
+                self._hook.remove()
+                self._hook = None
+
+        # -- plumbing
+        def _mean_loss(self):
+            losses, self._losses = self._losses, []
+            return sum(losses) / len(losses) if losses else None
+
+        def _fatal(self, step, reason):
+            self.tm.fatal(step, reason)
+            self.tm.close()
+            raise FloatingPointError(reason + ": lower the learning rate or check the inputs")
+
+        @staticmethod
+        def _lr(scheduler):
+            try:
+                return float(scheduler.get_last_lr()[0])
+            except (AttributeError, IndexError, TypeError):
+                return None
+    # --- hf callback: end ---
 
 
 # ----------------------------------------------------------------------------- main
@@ -610,10 +701,6 @@ def main():
             print(f"resume: step {step_of(os.path.basename(found))} from {found}" if found else
                   f"resume: no checkpoint in {ckpt_dir}; starting fresh", flush=True)
     os.environ.setdefault("TENSORBOARD_LOGGING_DIR", os.path.join(a.out, "tb"))
-    import torch
-    from transformers import (AutoModelForSequenceClassification, AutoTokenizer, BertConfig,
-                              BertForSequenceClassification, Trainer, TrainerCallback, TrainingArguments,
-                              set_seed)
     set_seed(a.seed)
     if a.model:
         tokenizer = AutoTokenizer.from_pretrained(a.model)
@@ -644,7 +731,6 @@ def main():
         fp16=a.precision == "fp16", bf16=a.precision == "bf16",
         report_to=report_to, disable_tqdm=True, seed=a.seed, dataloader_pin_memory=torch.cuda.is_available(),
         ddp_backend="gloo" if world > 1 and not torch.cuda.is_available() else None)
-    per_step = a.batch_size * a.grad_accum * world  # samples per optimizer step, all ranks
     batches = math.ceil(math.ceil(len(train_set) / world) / a.batch_size)
     total = a.max_steps if a.max_steps > 0 else math.ceil(a.epochs * max(1, math.ceil(batches / a.grad_accum)))
 
@@ -652,9 +738,9 @@ def main():
                    batch_size=a.batch_size * a.grad_accum, world_size=world,
                    resume=["--resume"], resumed=a.resume, checkpoint_dir=ckpt_dir,  # how a relaunch continues
                    flags={"--lr": a.lr, "--batch-size": a.batch_size, "--grad-accum": a.grad_accum}) as tel:
-        trainer = template_trainer(Trainer)(
+        trainer = TemplateTrainer(
             model=model, args=args, train_dataset=train_set, eval_dataset=eval_set, processing_class=tokenizer,
-            compute_metrics=compute_metrics, callbacks=[telemetry_callback(TrainerCallback, tel, per_step)])
+            compute_metrics=compute_metrics, callbacks=[TrainerTelemetry(tel, every=a.logging_steps)])
         trainer.train(resume_from_checkpoint=found if a.resume else None)
         final = trainer.evaluate()  # the best checkpoint, reloaded by load_best_model_at_end
         if trainer.is_world_process_zero():
@@ -664,7 +750,6 @@ def main():
                      best_step=step_of(os.path.basename(best)) if best else None,
                      best_auroc=trainer.state.best_metric, world_size=world, seconds=round(time.time() - tel.t0, 1))
             print(f"done: eval_auroc={final.get('eval_auroc'):.4f} best={best}", flush=True)
-        tel.close()
 
 
 if __name__ == "__main__":

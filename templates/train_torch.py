@@ -1,7 +1,5 @@
-"""Train a small text classifier with a hand-written PyTorch loop, writing the telemetry
-contract that scripts/watchdog.py reads. One file: copy it into your repository.
-
-Launch in the background, on ONE physical line (newlines collapse into spaces in background shells):
+"""Train a small text classifier with a plain PyTorch loop, writing the telemetry contract that
+scripts/watchdog.py reads. Run it in the background, on ONE physical line:
 
     mkdir -p runs/torch && PYTHONUNBUFFERED=1 HF_HUB_DISABLE_PROGRESS_BARS=1 TRANSFORMERS_VERBOSITY=error TOKENIZERS_PARALLELISM=false python -u train_torch.py --out runs/torch >> runs/torch/train.log 2>&1
 
@@ -10,13 +8,11 @@ checkpoint (a new attempt in the same metrics.jsonl; without a checkpoint it sta
 
     PYTHONUNBUFFERED=1 HF_HUB_DISABLE_PROGRESS_BARS=1 TRANSFORMERS_VERBOSITY=error TOKENIZERS_PARALLELISM=false python -u train_torch.py --out runs/torch --resume >> runs/torch/train.log 2>&1
 
-Several processes (rank 0 writes metrics.jsonl, every rank a heartbeat; gloo on a CPU):
-
-    torchrun --nproc_per_node 2 train_torch.py --out runs/ddp
-
-Smoke preflight first (2,000 samples, 1 epoch, eval every 20 steps):
+Smoke preflight first (2,000 samples, 1 epoch, eval every 20 steps), or several processes
+(rank 0 writes metrics.jsonl, every rank a heartbeat; gloo on a CPU):
 
     python -u train_torch.py --out runs/smoke --smoke
+    torchrun --nproc_per_node 2 train_torch.py --out runs/ddp
 
 With no flags it trains a bag-of-embeddings + GRU classifier on a generated sentiment task
 (offline, a CPU, well under two minutes); --data FILE (CSV/JSON/JSONL with text and label
@@ -26,7 +22,10 @@ then from a laptop ssh -N -L 6006:localhost:6006 you@gpu-host and open http://lo
 RUN_DIR (--out) receives metrics.jsonl, hparams.json (the resolved config), checkpoints/
 (last.pt, plus best.pt while an older step holds the best AUROC; each written under a
 temporary name and renamed into place, holding everything --resume needs), tb/, and
-final_val_metrics.json last: the completion sentinel.
+final_val_metrics.json last: the completion sentinel. The records are written by Telemetry,
+the installed package's (supervise.telemetry) when it is importable, else the verbatim copy
+below; sps is Telemetry.step's: samples per second across all ranks since the last step
+record, evals and checkpoint saves left out.
 """
 import argparse
 import contextlib
@@ -142,10 +141,8 @@ def read_table(path, text_col, label_col):
     import pandas as pd
     if not os.path.isfile(path):
         die(f"{path} does not exist (pass a CSV, JSON or JSONL file)")
-    if path.endswith((".jsonl", ".json")):
-        df = pd.read_json(path, lines=path.endswith(".jsonl"))
-    else:
-        df = pd.read_csv(path)
+    json_file = path.endswith((".jsonl", ".json"))
+    df = pd.read_json(path, lines=path.endswith(".jsonl")) if json_file else pd.read_csv(path)
     missing = [c for c in (text_col, label_col) if c not in df.columns]
     if missing:
         die(f"{path} has no column {missing[0]!r}; columns are {list(df.columns)} (use --text-col / --label-col)")
@@ -169,26 +166,33 @@ def check_labels(labels, num_labels, split, label_col):
 def load_data(a):
     """(train texts, labels), (eval texts, labels), labels checked."""
     if a.data is None:
-        texts, labels = generated_task(a.samples + a.eval_samples, a.seed)
-        train, ev = (texts[:a.samples], labels[:a.samples]), (texts[a.samples:], labels[a.samples:])
+        x, y = generated_task(a.samples + a.eval_samples, a.seed)
+        train, ev = (x[:a.samples], y[:a.samples]), (x[a.samples:], y[a.samples:])
     elif a.eval_data:
-        texts, labels = read_table(a.data, a.text_col, a.label_col)
+        x, y = read_table(a.data, a.text_col, a.label_col)
         ev_x, ev_y = read_table(a.eval_data, a.text_col, a.label_col)
-        train, ev = (texts[:a.samples], labels[:a.samples]), (ev_x[:a.eval_samples], ev_y[:a.eval_samples])
+        train, ev = (x[:a.samples], y[:a.samples]), (ev_x[:a.eval_samples], ev_y[:a.eval_samples])
     else:
-        texts, labels = read_table(a.data, a.text_col, a.label_col)
-        order = list(range(len(texts)))
+        x, y = read_table(a.data, a.text_col, a.label_col)
+        order = list(range(len(x)))
         random.Random(a.seed).shuffle(order)
         n_eval = max(1, int(len(order) * EVAL_FRACTION))
         held, kept = order[:n_eval], order[n_eval:][:a.samples]
-        train = ([texts[i] for i in kept], [labels[i] for i in kept])
-        ev = ([texts[i] for i in held], [labels[i] for i in held])
+        train, ev = ([x[i] for i in kept], [y[i] for i in kept]), ([x[i] for i in held], [y[i] for i in held])
     check_labels(train[1], a.num_labels, "train", a.label_col)
     check_labels(ev[1], a.num_labels, "eval", a.label_col)
     return train, ev
 
 
 # ----------------------------------------------------------------------------- model
+def build_vocab(texts):
+    vocab = {"<pad>": 0, "<unk>": 1}
+    for t in texts:
+        for w in t.lower().split():
+            vocab.setdefault(w, len(vocab))
+    return vocab
+
+
 def encode(texts, vocab, max_len):
     ids = torch.zeros(len(texts), max_len, dtype=torch.long)  # 0 = padding, 1 = unknown
     for i, t in enumerate(texts):
@@ -219,23 +223,14 @@ def lr_factor(step, warmup, total):
     return 0.1 + 0.45 * (1 + math.cos(math.pi * progress))
 
 
-def auroc(scores, labels):
-    """Rank AUROC (Mann-Whitney U, ties averaged) of scores for class 1: no extra dependency."""
-    order = sorted(range(len(scores)), key=scores.__getitem__)
-    ranks = [0.0] * len(scores)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and scores[order[j + 1]] == scores[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            ranks[order[k]] = (i + j) / 2 + 1
-        i = j + 1
-    pos = sum(1 for y in labels if y == 1)
-    neg = len(labels) - pos
+def auroc(scores, positive):
+    """Rank AUROC (Mann-Whitney U, ties averaged) of scores for the positive rows: no extra dependency."""
+    pos, neg = int(positive.sum()), int((~positive).sum())
     if pos == 0 or neg == 0:
         return float("nan")
-    return (sum(r for r, y in zip(ranks, labels) if y == 1) - pos * (pos + 1) / 2) / (pos * neg)
+    _, where, counts = torch.unique(scores.double(), return_inverse=True, return_counts=True)
+    ranks = (counts.cumsum(0).double() - (counts.double() - 1) / 2)[where]  # 1-based, ties averaged
+    return ((ranks[positive].sum() - pos * (pos + 1) / 2) / (pos * neg)).item()
 
 
 @torch.no_grad()
@@ -243,13 +238,10 @@ def evaluate(model, ids, labels, device, batch=256):
     model.eval()
     logits = torch.cat([model(ids[i:i + batch].to(device)).float().cpu() for i in range(0, len(ids), batch)])
     model.train()
-    probs = logits.softmax(-1)
-    y = torch.tensor(labels)
-    if probs.shape[1] == 2:
-        auc = auroc(probs[:, 1].tolist(), labels)
-    else:  # one-vs-rest, averaged
-        auc = sum(auroc(probs[:, c].tolist(), [int(v == c) for v in labels]) for c in range(probs.shape[1])) / probs.shape[1]
-    return {"eval_auroc": auc, "eval_acc": (probs.argmax(-1) == y).float().mean().item(),
+    probs, y = logits.softmax(-1), torch.tensor(labels)
+    classes = [1] if probs.shape[1] == 2 else range(probs.shape[1])  # more classes: one-vs-rest, averaged
+    return {"eval_auroc": sum(auroc(probs[:, c], y == c) for c in classes) / len(classes),
+            "eval_acc": (probs.argmax(-1) == y).float().mean().item(),
             "eval_loss": F.cross_entropy(logits, y).item()}
 
 
@@ -274,14 +266,10 @@ def atomic_save(obj, path):
     os.replace(tmp, path)
 
 
-def latest_checkpoint(ckpt_dir):
-    """last.pt, else best.pt (a kill between the two renames of a save leaves only best.pt,
-    then the newest): the checkpoint --resume continues from, or None."""
-    for name in ("last.pt", "best.pt"):
-        path = os.path.join(ckpt_dir, name)
-        if os.path.isfile(path):
-            return path
-    return None
+def latest_checkpoint(ckpt_dir, names=("last.pt", "best.pt")):
+    """The first of ``names`` present, or None. By default last.pt, else best.pt (a kill between
+    the two renames of a save leaves only best.pt, then the newest): what --resume continues."""
+    return next((os.path.join(ckpt_dir, n) for n in names if os.path.isfile(os.path.join(ckpt_dir, n))), None)
 
 
 def save_checkpoint(ckpt_dir, ckpt, metric, state, keep):
@@ -319,258 +307,270 @@ def load_checkpoint(path):
     return model
 
 
-# ----------------------------------------------------------------------------- telemetry (a verbatim copy of supervise/telemetry.py)
-# --- telemetry: begin ---
-import json
-import math
-import os
-import socket
-import sys
-import tempfile
-import time
-import traceback
-import uuid
+# ----------------------------------------------------------------------------- telemetry
+try:  # the installed package's, when it is importable
+    from supervise.telemetry import Telemetry
+except ImportError:  # this file copied alone: the verbatim copy of supervise/telemetry.py's block
+    # --- telemetry: begin ---
+    import json
+    import math
+    import os
+    import socket
+    import sys
+    import tempfile
+    import time
+    import traceback
+    import uuid
 
 
-class Telemetry:
-    """Writes RUN_DIR/metrics.jsonl (rank 0), RUN_DIR/ranks/rank-<N>.jsonl (every rank) and the
-    completion sentinel RUN_DIR/final_val_metrics.json, one os.write per line (O_APPEND).
+    class Telemetry:
+        """Writes RUN_DIR/metrics.jsonl (rank 0), RUN_DIR/ranks/rank-<N>.jsonl (every rank) and the
+        completion sentinel RUN_DIR/final_val_metrics.json, one os.write per line (O_APPEND).
 
-    task: "classification" | "lm" | "regression" | ... ; chance loss is ln(num_labels) for
-    classification and ln(vocab_size) for lm. batch_size: samples per optimizer step on one rank
-    (per-device batch x gradient accumulation); when given, sps (all ranks) is measured.
-    rank / world_size default to torchrun's RANK / WORLD_SIZE variables.
+        task: "classification" | "lm" | "regression" | ... ; chance loss is ln(num_labels) for
+        classification and ln(vocab_size) for lm. batch_size: samples per optimizer step on one rank
+        (per-device batch x gradient accumulation); when given, sps (all ranks) is measured.
+        rank / world_size default to torchrun's RANK / WORLD_SIZE variables.
 
-    How this script continues (the start record's ``resume``, which the relaunch line uses):
-    resume=["--init_from=resume"] (argv words; "{checkpoint}" stands for the checkpoint path, as
-    in ["--resume_from_checkpoint", "{checkpoint}"]); resume_env={"VAR": "{checkpoint}"} for a
-    recipe given through the environment; checkpoint_dir: where the checkpoints go (a folder or
-    a list). resumed: this launch continues an earlier attempt [True when resume=True, or when
-    the recipe's words are on this command line / its variables are set]; attempt: 1, or when
-    resumed one more than the start records already in metrics.jsonl (never truncated).
-    flags: {"--learning_rate": 3e-4, ...}, flags the script takes and their values now.
-    Values may be anything float() accepts (tensors, numpy scalars).
-    """
+        How this script continues (the start record's ``resume``, which the relaunch line uses):
+        resume=["--init_from=resume"] (argv words; "{checkpoint}" stands for the checkpoint path, as
+        in ["--resume_from_checkpoint", "{checkpoint}"]); resume_env={"VAR": "{checkpoint}"} for a
+        recipe given through the environment; checkpoint_dir: where the checkpoints go (a folder or
+        a list). resumed: this launch continues an earlier attempt [True when resume=True, or when
+        the recipe's words are on this command line / its variables are set]; attempt: 1, or when
+        resumed one more than the start records already in metrics.jsonl (never truncated).
+        flags: {"--learning_rate": 3e-4, ...}, flags the script takes and their values now.
+        Values may be anything float() accepts (tensors, numpy scalars).
+        """
 
-    def __init__(self, run_dir, *, task="classification", num_labels=None, vocab_size=None,
-                 total_steps=None, batch_size=None, world_size=None, rank=None, attempt=None,
-                 resume=False, resumed=None, resume_env=None, checkpoint_dir=None, flags=None):
-        env = os.environ
-        self.run_dir = str(run_dir)
-        self.rank = int(rank if rank is not None else env.get("RANK", env.get("LOCAL_RANK", 0)))
-        self.local_rank = int(env.get("LOCAL_RANK", self.rank))
-        self.world_size = int(world_size or env.get("WORLD_SIZE", 1))
-        self.batch_size = batch_size
-        self.run_id = uuid.uuid4().hex
-        self.t0 = time.time()
-        self.last_step = None
-        self._mark = None  # (step, time) the next sps is measured from
-        self._fatal = False
-        self.metrics_path = os.path.join(self.run_dir, "metrics.jsonl")
-        self.sentinel_path = os.path.join(self.run_dir, "final_val_metrics.json")
-        os.makedirs(os.path.join(self.run_dir, "ranks"), exist_ok=True)
-        self._rank_fd = self._open(os.path.join(self.run_dir, "ranks", f"rank-{self.rank}.jsonl"))
-        self._fd = None
-        resume = resume.split() if isinstance(resume, str) else resume
-        recipe = [str(w) for w in resume] if isinstance(resume, (list, tuple)) else None
-        resume_env = {str(k): str(v) for k, v in resume_env.items()} if resume_env else None
-        if resumed is None:
-            resumed = resume is True or self._recipe_used(recipe, resume_env)
-        if attempt is None:
-            attempt = 1 + self._count_starts() if resumed and self.rank == 0 else 1
-        self.attempt = int(attempt)
-        if self.rank != 0:
-            return
-        chance = {"classification": num_labels, "lm": vocab_size}.get(task)
-        self._fd = self._open(self.metrics_path)
-        self._write({"event": "start", "t": 0, "pid": os.getpid(), "run_id": self.run_id,
-                     "attempt": self.attempt, "task": task, "num_labels": num_labels,
-                     "vocab_size": vocab_size,
-                     "chance_loss": round(math.log(chance), 6) if chance and chance > 1 else None,
-                     "total_steps": total_steps, "batch_size": batch_size,
-                     "world_size": self.world_size, "rank": self.rank, "argv": list(sys.argv),
-                     "cwd": os.getcwd(), "python": sys.executable, "launcher": self._launcher(),
-                     "resume": recipe, "resume_env": resume_env, "checkpoint_dir": self._dirs(checkpoint_dir),
-                     "flags": {str(k): self._num(v) for k, v in flags.items()} if flags else None,
-                     "slurm_job_id": env.get("SLURM_JOB_ID"), "slurm": self._slurm(),
-                     "host": socket.gethostname(), "time": self.t0})
+        def __init__(self, run_dir, *, task="classification", num_labels=None, vocab_size=None,
+                     total_steps=None, batch_size=None, world_size=None, rank=None, attempt=None,
+                     resume=False, resumed=None, resume_env=None, checkpoint_dir=None, flags=None):
+            env = os.environ
+            self.run_dir = str(run_dir)
+            self.rank = int(rank if rank is not None else env.get("RANK", env.get("LOCAL_RANK", 0)))
+            self.local_rank = int(env.get("LOCAL_RANK", self.rank))
+            self.world_size = int(world_size or env.get("WORLD_SIZE", 1))
+            self.batch_size = batch_size
+            self.run_id = uuid.uuid4().hex
+            self.t0 = time.time()
+            self.last_step = None
+            self._mark = None  # (step, time) the next sps is measured from
+            self._fatal = False
+            self.metrics_path = os.path.join(self.run_dir, "metrics.jsonl")
+            self.sentinel_path = os.path.join(self.run_dir, "final_val_metrics.json")
+            os.makedirs(os.path.join(self.run_dir, "ranks"), exist_ok=True)
+            self._rank_fd = self._open(os.path.join(self.run_dir, "ranks", f"rank-{self.rank}.jsonl"))
+            self._fd = None
+            resume = resume.split() if isinstance(resume, str) else resume
+            recipe = [str(w) for w in resume] if isinstance(resume, (list, tuple)) else None
+            resume_env = {str(k): str(v) for k, v in resume_env.items()} if resume_env else None
+            if resumed is None:
+                resumed = resume is True or self._recipe_used(recipe, resume_env)
+            if attempt is None:
+                attempt = 1 + self._count_starts() if resumed and self.rank == 0 else 1
+            self.attempt = int(attempt)
+            if self.rank != 0:
+                return
+            chance = {"classification": num_labels, "lm": vocab_size}.get(task)
+            self._fd = self._open(self.metrics_path)
+            self._write({"event": "start", "t": 0, "pid": os.getpid(), "run_id": self.run_id,
+                         "attempt": self.attempt, "task": task, "num_labels": num_labels,
+                         "vocab_size": vocab_size,
+                         "chance_loss": round(math.log(chance), 6) if chance and chance > 1 else None,
+                         "total_steps": total_steps, "batch_size": batch_size,
+                         "world_size": self.world_size, "rank": self.rank, "argv": list(sys.argv),
+                         "cwd": os.getcwd(), "python": sys.executable, "launcher": self._launcher(),
+                         "resume": recipe, "resume_env": resume_env, "checkpoint_dir": self._dirs(checkpoint_dir),
+                         "flags": {str(k): self._num(v) for k, v in flags.items()} if flags else None,
+                         "slurm_job_id": env.get("SLURM_JOB_ID"), "slurm": self._slurm(),
+                         "host": socket.gethostname(), "time": self.t0})
 
-    # -- the calls a training loop makes
-    def step(self, step, loss, *, lr=None, grad_norm=None, sps=None, **extra):
-        """One step record (rank 0) and one heartbeat (every rank). A non-finite loss or grad
-        norm writes FATAL and raises FloatingPointError: never train on after a NaN."""
-        step, now = int(step), time.time()
-        loss, grad_norm = self._num(loss), self._num(grad_norm)
-        for name, value in (("loss", loss), ("grad_norm", grad_norm)):
-            if isinstance(value, float) and not math.isfinite(value):
-                reason = f"non-finite {name} {value} at step {step}"
-                self.fatal(step, reason)
-                raise FloatingPointError(reason + ": lower the learning rate or check the inputs")
-        rank_sps = None
-        if self.batch_size and self._mark and step > self._mark[0] and now > self._mark[1]:
-            rank_sps = round((step - self._mark[0]) * self.batch_size / (now - self._mark[1]), 3)
-        if sps is None and rank_sps is not None:
-            sps = round(rank_sps * self.world_size, 3)
-        self._mark, self.last_step = (step, now), step
-        t = round(now - self.t0, 3)
-        self._append(self._rank_fd, {"rank": self.rank, "local_rank": self.local_rank,
-                                     "host": socket.gethostname(), "pid": os.getpid(),
-                                     "step": step, "t": t, "time": round(now, 3), "sps": rank_sps})
-        extra = {k: self._num(v) for k, v in extra.items()}
-        self._write({"step": step, "t": t, "loss": loss, "lr": self._num(lr),
-                     "grad_norm": grad_norm, "sps": self._num(sps), **extra})
-
-    def eval(self, step, **metrics):
-        """Any eval metrics: keys get an "eval_" prefix when they lack it (loss -> eval_loss)."""
-        rec = {"step": int(step), "t": round(time.time() - self.t0, 3)}
-        for k, v in metrics.items():
-            rec[k if k.startswith("eval_") else "eval_" + k] = self._num(v)
-        self._write(rec)
-        self._mark = (int(step), time.time())  # eval time is not training throughput
-
-    def expect(self, seconds, why):
-        """Announce a long silence (an eval, a checkpoint save) so that it is not a stall."""
-        self._write({"event": "expect", "t": round(time.time() - self.t0, 3),
-                     "seconds": float(seconds), "why": str(why)})
-
-    def fatal(self, step, reason):
-        """Write a FATAL record (rank 0: metrics.jsonl; other ranks: their rank file)."""
-        rec = {"step": int(step) if step is not None else self.last_step,
-               "t": round(time.time() - self.t0, 3), "FATAL": str(reason)}
-        if self.rank == 0:
+        # -- the calls a training loop makes
+        def step(self, step, loss, *, lr=None, grad_norm=None, sps=None, **extra):
+            """One step record (rank 0) and one heartbeat (every rank); returns the step record. A
+            non-finite loss or grad norm writes FATAL and raises FloatingPointError: never train on
+            after a NaN. sps, unless given: samples per second across all ranks (batch_size x
+            world_size) since the last step record or mark()."""
+            step, now = int(step), time.time()
+            loss, grad_norm = self._num(loss), self._num(grad_norm)
+            for name, value in (("loss", loss), ("grad_norm", grad_norm)):
+                if isinstance(value, float) and not math.isfinite(value):
+                    reason = f"non-finite {name} {value} at step {step}"
+                    self.fatal(step, reason)
+                    raise FloatingPointError(reason + ": lower the learning rate or check the inputs")
+            rank_sps = None
+            if self.batch_size and self._mark and step > self._mark[0] and now > self._mark[1]:
+                rank_sps = round((step - self._mark[0]) * self.batch_size / (now - self._mark[1]), 3)
+            if sps is None and rank_sps is not None:
+                sps = round(rank_sps * self.world_size, 3)
+            self._mark, self.last_step = (step, now), step
+            t = round(now - self.t0, 3)
+            self._append(self._rank_fd, {"rank": self.rank, "local_rank": self.local_rank,
+                                         "host": socket.gethostname(), "pid": os.getpid(),
+                                         "step": step, "t": t, "time": round(now, 3), "sps": rank_sps})
+            extra = {k: self._num(v) for k, v in extra.items()}
+            rec = {"step": step, "t": t, "loss": loss, "lr": self._num(lr), "grad_norm": grad_norm,
+                   "sps": self._num(sps), **extra}
             self._write(rec)
-        else:
-            self._append(self._rank_fd, dict(rec, rank=self.rank, pid=os.getpid()))
-        self._fatal = True
+            return rec
 
-    def done(self, **final):
-        """Write the completion sentinel atomically (rank 0), carrying this run's run_id."""
-        if self.rank == 0:
-            data = {"run_id": self.run_id, "attempt": self.attempt, "step": self.last_step}
-            data.update({k: self._num(v) for k, v in final.items()})
-            fd, tmp = tempfile.mkstemp(prefix=".final.", dir=self.run_dir)
-            with os.fdopen(fd, "w") as f:
-                json.dump(data, f, indent=1)
-            os.replace(tmp, self.sentinel_path)
-        self.close()
+        def mark(self, step):
+            """Training runs from ``step`` now: the next sps is measured from here. Call it where
+            training starts or resumes, and after a checkpoint save; eval() calls it."""
+            self._mark = (int(step), time.time())
 
-    def close(self):
-        for fd in (self._fd, self._rank_fd):
-            if fd is not None:
-                os.close(fd)
-        self._fd = self._rank_fd = None
+        def eval(self, step, **metrics):
+            """Any eval metrics: keys get an "eval_" prefix when they lack it (loss -> eval_loss)."""
+            rec = {"step": int(step), "t": round(time.time() - self.t0, 3)}
+            for k, v in metrics.items():
+                rec[k if k.startswith("eval_") else "eval_" + k] = self._num(v)
+            self._write(rec)
+            self.mark(step)  # eval time is not training throughput
 
-    def __enter__(self):
-        return self
+        def expect(self, seconds, why):
+            """Announce a long silence (an eval, a checkpoint save) so that it is not a stall."""
+            self._write({"event": "expect", "t": round(time.time() - self.t0, 3),
+                         "seconds": float(seconds), "why": str(why)})
 
-    def __exit__(self, exc_type, exc, tb):
-        if exc_type is not None and not self._fatal and self._rank_fd is not None:
-            last = traceback.format_exception_only(exc_type, exc)[-1].strip()
-            self.fatal(self.last_step, last)
-        self.close()
-        return False  # re-raise
+        def fatal(self, step, reason):
+            """Write a FATAL record (rank 0: metrics.jsonl; other ranks: their rank file)."""
+            rec = {"step": int(step) if step is not None else self.last_step,
+                   "t": round(time.time() - self.t0, 3), "FATAL": str(reason)}
+            if self.rank == 0:
+                self._write(rec)
+            else:
+                self._append(self._rank_fd, dict(rec, rank=self.rank, pid=os.getpid()))
+            self._fatal = True
 
-    # -- plumbing
-    @staticmethod
-    def _open(path):
-        return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        def done(self, **final):
+            """Write the completion sentinel atomically (rank 0), carrying this run's run_id."""
+            if self.rank == 0:
+                data = {"run_id": self.run_id, "attempt": self.attempt, "step": self.last_step}
+                data.update({k: self._num(v) for k, v in final.items()})
+                fd, tmp = tempfile.mkstemp(prefix=".final.", dir=self.run_dir)
+                with os.fdopen(fd, "w") as f:
+                    json.dump(data, f, indent=1)
+                os.replace(tmp, self.sentinel_path)
+            self.close()
 
-    def _write(self, rec):
-        if self._fd is not None:
-            self._append(self._fd, rec)
+        def close(self):
+            for fd in (self._fd, self._rank_fd):
+                if fd is not None:
+                    os.close(fd)
+            self._fd = self._rank_fd = None
 
-    @staticmethod
-    def _recipe_used(recipe, env_recipe):
-        """True when this command line holds the recipe's words ("{checkpoint}": any path), or
-        the environment sets its variables: this launch is a resume."""
-        if env_recipe:
-            return all(os.environ.get(k) for k in env_recipe)
-        if not recipe:
-            return False
-        args = sys.argv[1:]
-        for word in recipe:
-            head = word.split("{checkpoint}")[0]
-            if "{checkpoint}" in word:
-                if head and not any(a.startswith(head) for a in args):
-                    return False
-            elif word not in args:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, exc_type, exc, tb):
+            if exc_type is not None and not self._fatal and self._rank_fd is not None:
+                last = traceback.format_exception_only(exc_type, exc)[-1].strip()
+                self.fatal(self.last_step, last)
+            self.close()
+            return False  # re-raise
+
+        # -- plumbing
+        @staticmethod
+        def _open(path):
+            return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+        def _write(self, rec):
+            if self._fd is not None:
+                self._append(self._fd, rec)
+
+        @staticmethod
+        def _recipe_used(recipe, env_recipe):
+            """True when this command line holds the recipe's words ("{checkpoint}": any path), or
+            the environment sets its variables: this launch is a resume."""
+            if env_recipe:
+                return all(os.environ.get(k) for k in env_recipe)
+            if not recipe:
                 return False
-        return True
+            args = sys.argv[1:]
+            for word in recipe:
+                head = word.split("{checkpoint}")[0]
+                if "{checkpoint}" in word:
+                    if head and not any(a.startswith(head) for a in args):
+                        return False
+                elif word not in args:
+                    return False
+            return True
 
-    @staticmethod
-    def _dirs(checkpoint_dir):
-        if not checkpoint_dir:
-            return None
-        if isinstance(checkpoint_dir, (list, tuple)):
-            return [os.path.abspath(str(d)) for d in checkpoint_dir] or None
-        return os.path.abspath(str(checkpoint_dir))
+        @staticmethod
+        def _dirs(checkpoint_dir):
+            if not checkpoint_dir:
+                return None
+            if isinstance(checkpoint_dir, (list, tuple)):
+                return [os.path.abspath(str(d)) for d in checkpoint_dir] or None
+            return os.path.abspath(str(checkpoint_dir))
 
-    @staticmethod
-    def _launcher():
-        """The words that launched this script under torchrun, to launch it again the same way:
-        the parent's command line up to the script (torchrun -> python -m torch.distributed.run),
-        else rebuilt from torchrun's variables; None when no launcher ran it."""
-        env, argv = os.environ, list(sys.argv)
-        if not env.get("TORCHELASTIC_RUN_ID"):
-            return None
-        try:
-            with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
-                parent = [w.decode("utf-8", "replace") for w in f.read().split(b"\0")[:-1]]
-        except OSError:
-            parent = []
-        head = parent[:-len(argv)] if argv and len(parent) > len(argv) and parent[-len(argv):] == argv else None
-        if head:
-            at = next((i for i, w in enumerate(head[:2]) if os.path.basename(w) == "torchrun"), None)
-            return head if at is None else [sys.executable, "-m", "torch.distributed.run", *head[at + 1:]]
-        local = int(env.get("LOCAL_WORLD_SIZE") or 1)
-        nodes = int(env.get("GROUP_WORLD_SIZE") or max(1, int(env.get("WORLD_SIZE") or local) // max(local, 1)))
-        head = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}", f"--nproc_per_node={local}"]
-        if nodes == 1:
-            return head + ["--standalone"]
-        return head + [f"--rdzv_id={env['TORCHELASTIC_RUN_ID']}", "--rdzv_backend=c10d",
-                       f"--rdzv_endpoint={env.get('MASTER_ADDR', 'localhost')}:{env.get('MASTER_PORT', '29500')}"]
+        @staticmethod
+        def _launcher():
+            """The words that launched this script under torchrun, to launch it again the same way:
+            the parent's command line up to the script (torchrun -> python -m torch.distributed.run),
+            else rebuilt from torchrun's variables; None when no launcher ran it."""
+            env, argv = os.environ, list(sys.argv)
+            if not env.get("TORCHELASTIC_RUN_ID"):
+                return None
+            try:
+                with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+                    parent = [w.decode("utf-8", "replace") for w in f.read().split(b"\0")[:-1]]
+            except OSError:
+                parent = []
+            head = parent[:-len(argv)] if argv and len(parent) > len(argv) and parent[-len(argv):] == argv else None
+            if head:
+                at = next((i for i, w in enumerate(head[:2]) if os.path.basename(w) == "torchrun"), None)
+                return head if at is None else [sys.executable, "-m", "torch.distributed.run", *head[at + 1:]]
+            local = int(env.get("LOCAL_WORLD_SIZE") or 1)
+            nodes = int(env.get("GROUP_WORLD_SIZE") or max(1, int(env.get("WORLD_SIZE") or local) // max(local, 1)))
+            head = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}", f"--nproc_per_node={local}"]
+            if nodes == 1:
+                return head + ["--standalone"]
+            return head + [f"--rdzv_id={env['TORCHELASTIC_RUN_ID']}", "--rdzv_backend=c10d",
+                           f"--rdzv_endpoint={env.get('MASTER_ADDR', 'localhost')}:{env.get('MASTER_PORT', '29500')}"]
 
-    @staticmethod
-    def _slurm():
-        """The Slurm job's resources, from its variables (to resubmit it alike); None outside a job."""
-        env = os.environ
-        if not env.get("SLURM_JOB_ID"):
-            return None
-        names = {"job_name": "SLURM_JOB_NAME", "partition": "SLURM_JOB_PARTITION", "nodes": "SLURM_JOB_NUM_NODES",
-                 "ntasks_per_node": "SLURM_NTASKS_PER_NODE", "cpus_per_task": "SLURM_CPUS_PER_TASK",
-                 "gpus_per_node": "SLURM_GPUS_ON_NODE", "mem_per_node": "SLURM_MEM_PER_NODE",
-                 "account": "SLURM_JOB_ACCOUNT", "qos": "SLURM_JOB_QOS", "submit_dir": "SLURM_SUBMIT_DIR"}
-        return {k: env[v] for k, v in names.items() if env.get(v)}
+        @staticmethod
+        def _slurm():
+            """The Slurm job's resources, from its variables (to resubmit it alike); None outside a job."""
+            env = os.environ
+            if not env.get("SLURM_JOB_ID"):
+                return None
+            names = {"job_name": "SLURM_JOB_NAME", "partition": "SLURM_JOB_PARTITION", "nodes": "SLURM_JOB_NUM_NODES",
+                     "ntasks_per_node": "SLURM_NTASKS_PER_NODE", "cpus_per_task": "SLURM_CPUS_PER_TASK",
+                     "gpus_per_node": "SLURM_GPUS_ON_NODE", "mem_per_node": "SLURM_MEM_PER_NODE",
+                     "account": "SLURM_JOB_ACCOUNT", "qos": "SLURM_JOB_QOS", "submit_dir": "SLURM_SUBMIT_DIR"}
+            return {k: env[v] for k, v in names.items() if env.get(v)}
 
-    def _count_starts(self):
-        n = 0
-        try:
-            with open(self.metrics_path, "rb") as f:
-                for line in f:
-                    if b'"start"' in line:
-                        try:
-                            n += json.loads(line).get("event") == "start"
-                        except (ValueError, AttributeError):
-                            pass
-        except FileNotFoundError:
-            pass
-        return n
+        def _count_starts(self):
+            n = 0
+            try:
+                with open(self.metrics_path, "rb") as f:
+                    for line in f:
+                        if b'"start"' in line:
+                            try:
+                                n += json.loads(line).get("event") == "start"
+                            except (ValueError, AttributeError):
+                                pass
+            except FileNotFoundError:
+                pass
+            return n
 
-    @staticmethod
-    def _num(v):
-        """A plain float for anything float() accepts (tensors, numpy); other values unchanged."""
-        if v is None or isinstance(v, (bool, int, float, str)):
-            return v
-        try:
-            return float(v)
-        except (TypeError, ValueError, RuntimeError):
-            return v
+        @staticmethod
+        def _num(v):
+            """A plain float for anything float() accepts (tensors, numpy); other values unchanged."""
+            if v is None or isinstance(v, (bool, int, float, str)):
+                return v
+            try:
+                return float(v)
+            except (TypeError, ValueError, RuntimeError):
+                return v
 
-    @staticmethod
-    def _append(fd, rec):
-        if fd is not None:
-            os.write(fd, (json.dumps(rec, default=str) + "\n").encode())  # one write per line
-# --- telemetry: end ---
+        @staticmethod
+        def _append(fd, rec):
+            if fd is not None:
+                os.write(fd, (json.dumps(rec, default=str) + "\n").encode())  # one write per line
+    # --- telemetry: end ---
 
 
 # ----------------------------------------------------------------------------- main
@@ -603,13 +603,7 @@ def main():
             print(f"resume: step {ckpt['state']['step']} from {found}" if ckpt else
                   f"resume: no checkpoint in {ckpt_dir}; starting fresh", flush=True)
 
-    if ckpt:
-        vocab = ckpt["vocab"]
-    else:
-        vocab = {"<pad>": 0, "<unk>": 1}
-        for t in tr_x:
-            for w in t.lower().split():
-                vocab.setdefault(w, len(vocab))
+    vocab = ckpt["vocab"] if ckpt else build_vocab(tr_x)
     tr_ids, ev_ids, tr_lab = encode(tr_x, vocab, a.max_len), encode(ev_x, vocab, a.max_len), torch.tensor(tr_y)
 
     torch.manual_seed(a.seed)
@@ -649,8 +643,8 @@ def main():
                    batch_size=a.batch_size * a.grad_accum, world_size=world, rank=rank,
                    resume=["--resume"], resumed=a.resume, checkpoint_dir=ckpt_dir,  # how a relaunch continues
                    flags={"--lr": a.lr, "--batch-size": a.batch_size, "--grad-accum": a.grad_accum}) as tel:
-        step = state["step"]
-        t_last, step_last, losses = time.time(), step, []
+        step, losses = state["step"], []
+        tel.mark(step)  # the first step record's sps is measured from here
         while step < total:
             order = torch.randperm(len(tr_ids), generator=torch.Generator().manual_seed(a.seed + state["epoch"]))
             while state["pos"] + per_step <= len(order) and step < total:
@@ -679,18 +673,14 @@ def main():
                 if not (math.isfinite(loss_sum) and math.isfinite(grad_norm)):
                     tel.step(step, loss_sum, lr=lr, grad_norm=grad_norm)  # writes FATAL and raises
                 if step % a.logging_steps == 0:
-                    now = time.time()
-                    sps = (step - step_last) * per_step / max(now - t_last, 1e-9)  # global
-                    mean_loss = sum(losses) / len(losses)
-                    tel.step(step, mean_loss, lr=lr, grad_norm=grad_norm, sps=round(sps, 2),
-                             epoch=round(state["samples_seen"] / (steps_per_epoch * per_step), 3))
-                    if tb:
-                        tb.add_scalar("train/loss", mean_loss, step)
-                        tb.add_scalar("train/grad_norm", grad_norm, step)
-                        tb.add_scalar("train/sps", sps, step)
+                    rec = tel.step(step, sum(losses) / len(losses), lr=lr, grad_norm=grad_norm,
+                                   epoch=round(state["samples_seen"] / (steps_per_epoch * per_step), 3))
                     losses = []
+                    if tb:
+                        for key in ("loss", "grad_norm", "sps"):
+                            if rec[key] is not None:
+                                tb.add_scalar(f"train/{key}", rec[key], step)
                 if step % a.eval_steps == 0 or step == total:
-                    t_eval = time.time()
                     if rank == 0:
                         m = evaluate(model, ev_ids, ev_y, device)
                         tel.eval(step, **m)
@@ -704,16 +694,12 @@ def main():
                                 "step": step, **m}, m["eval_auroc"], state, a.keep)
                     if world > 1:
                         dist.barrier()
-                    t_last += time.time() - t_eval  # eval time is not training time
-                if step % a.logging_steps == 0:
-                    t_last, step_last = time.time(), step
+                    tel.mark(step)  # eval and save time is not training throughput
             if state["pos"] + per_step > len(order):
                 state.update(epoch=state["epoch"] + 1, pos=0)
 
         if rank == 0:
-            best = latest_checkpoint(ckpt_dir) if a.keep else None  # best.pt when present, else last.pt
-            if best and os.path.exists(os.path.join(ckpt_dir, "best.pt")):
-                best = os.path.join(ckpt_dir, "best.pt")
+            best = latest_checkpoint(ckpt_dir, ("best.pt", "last.pt")) if a.keep else None
             best_state = torch.load(best, map_location=device) if best else None
             if best_state:
                 model.load_state_dict(best_state["model"], strict=True)

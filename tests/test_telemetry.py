@@ -64,6 +64,20 @@ def test_steps_evals_expect_and_the_sentinel(tmp_path):
     assert set(beats[1]) == {"rank", "local_rank", "host", "pid", "step", "t", "time", "sps"}
 
 
+def test_sps_is_measured_from_a_mark_over_all_ranks(tmp_path):
+    """mark(step): training runs from here (start, resume, after a save); sps = samples per
+    second across all ranks (batch_size x world_size) since the last step record or mark."""
+    import time
+    tm = Telemetry(tmp_path, batch_size=4, world_size=2, rank=0)
+    tm.mark(100)  # a resumed attempt starts at step 100
+    time.sleep(0.05)
+    rec = tm.step(110, 1.0)
+    tm.close()
+    assert rec == lines(tmp_path / "metrics.jsonl")[-1]  # step() returns the record it wrote
+    beat = lines(tmp_path / "ranks" / "rank-0.jsonl")[-1]
+    assert 0 < beat["sps"] <= 10 * 4 / 0.05 and rec["sps"] == pytest.approx(2 * beat["sps"], rel=1e-3)
+
+
 @pytest.mark.parametrize("loss, grad_norm, bad", [
     (float("nan"), 1.0, "loss"),
     (Scalar("inf"), 1.0, "loss"),

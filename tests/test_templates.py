@@ -209,3 +209,40 @@ def test_the_templates_share_one_shape():
     assert {"--resume", "--batch-size", "--grad-accum", "--lr", "--keep", "--out", "--smoke"} <= set(flags["train_hf.py"])
     for t in texts.values():
         assert "def die(msg):" in t and "hparams.json" in t
+
+
+RUNNER = """import runpy, sys
+mode, script, root = sys.argv[1:4]
+if mode == "copy":
+    sys.modules["supervise"] = None  # as where the package is not installed: the template's own copies
+else:
+    sys.path.insert(0, root)
+sys.argv = [script, *sys.argv[4:]]
+g = runpy.run_path(script, run_name="__main__")
+print("integration:", *sorted({g[n].__module__ for n in ("Telemetry", "TrainerTelemetry") if n in g}))
+"""
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_the_installed_package_and_the_copy_write_the_same_run(name, tmp_path):
+    """Where supervise is importable a template runs its Telemetry (and supervise.hf's
+    TrainerTelemetry); copied alone, the verbatim copies: the same records, the same losses."""
+    runs = {}
+    for mode, want in (("copy", "__main__"), ("package", "supervise.hf supervise.telemetry" if name == "train_hf.py"
+                                                   else "supervise.telemetry")):
+        script = copy_alone(name, tmp_path / mode)
+        p = subprocess.run([sys.executable, "-c", RUNNER, mode, script.name, str(ROOT), "--out", "run", "--samples",
+                            "400", "--max-steps", "20", "--eval-steps", "10", "--logging-steps", "5"],
+                           cwd=script.parent, env=ENV, capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr[-3000:]
+        assert f"integration: {want}\n" in p.stdout, p.stdout[-500:]
+        run = script.parent / "run"
+        assert validate_file(run / "metrics.jsonl", require=("grad_norm", "sps")) == []
+        runs[mode] = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()], \
+            read_json(run / "final_val_metrics.json")
+    (copy, copy_final), (pkg, pkg_final) = runs["copy"], runs["package"]
+    assert [sorted(r) for r in copy] == [sorted(r) for r in pkg]  # the same records, field for field
+    assert [(r["step"], r["loss"]) for r in copy if "loss" in r] == \
+        [(r["step"], pytest.approx(r["loss"], rel=1e-5)) for r in pkg if "loss" in r]
+    assert all(r["sps"] > 0 for r in copy + pkg if "loss" in r)  # the first record's too (Telemetry.mark)
+    assert set(copy_final) == set(pkg_final) == FINAL_KEYS
