@@ -1,9 +1,9 @@
 """The README's main job: the whole procedure on the shipped task, healthy and with real faults."""
 import pytest
 
-from conftest import run_script
+from conftest import need, run_script
 
-pytest.importorskip("torch")
+need("torch")
 
 
 @pytest.mark.parametrize("fault,verdict", [

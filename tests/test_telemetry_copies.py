@@ -1,5 +1,5 @@
-"""Every template that embeds the Telemetry class holds a verbatim copy of supervise/telemetry.py's
-marked block: a copied template runs alone, and a fix in one place reaches every copy."""
+"""Every template embeds the Telemetry class as a verbatim copy of supervise/telemetry.py's marked
+block: a copied template runs alone, and a fix in one place reaches every copy."""
 import difflib
 
 import pytest
@@ -20,6 +20,10 @@ def marked_block(text: str, where: str) -> str | None:
     return text[start:end + len(END)]
 
 
+def test_there_are_templates():
+    assert {p.name for p in TEMPLATES} >= {"train_hf.py", "train_torch.py"}, TEMPLATES
+
+
 def test_the_library_has_the_markers():
     assert marked_block((ROOT / "supervise" / "telemetry.py").read_text(), "supervise/telemetry.py")
 
@@ -28,8 +32,7 @@ def test_the_library_has_the_markers():
 def test_template_copy_is_verbatim(template):
     original = marked_block((ROOT / "supervise" / "telemetry.py").read_text(), "supervise/telemetry.py")
     copy = marked_block(template.read_text(), f"templates/{template.name}")
-    if copy is None:
-        pytest.skip(f"templates/{template.name} has no '{BEGIN}' markers yet")
+    assert copy is not None, f"templates/{template.name} has no {BEGIN!r} markers: every template embeds the block"
     if copy != original:
         diff = "".join(list(difflib.unified_diff(original.splitlines(True), copy.splitlines(True),
                                                  "supervise/telemetry.py", f"templates/{template.name}"))[:40])

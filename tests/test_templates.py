@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, read_json, start_script
+from conftest import ROOT, need, read_json, start_script
 from supervise.contract import validate_file
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
+torch = need("torch")
+need("transformers")
 
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
        "TRANSFORMERS_VERBOSITY": "error", "TOKENIZERS_PARALLELISM": "false"}
