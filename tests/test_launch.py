@@ -17,9 +17,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from bad_input import Result, assert_refused, replay, snapshot, user_folder
-from conftest import ROOT
-from launching import LAUNCHER, STOPPER, as_run, end_launched, keeps_writing, lines, pid_alive, procs_with, trainer_argv, \
-    wait_for
+from conftest import LAUNCHER, ROOT, as_run, end_launched, keeps_writing, launch, lines, pid_alive, procs_with, stop, \
+    trainer_argv, wait_for
 from supervise import registry
 from supervise.launch import LAUNCH, launch_alive, read_launch, run_on_exit, sanitize
 from supervise.recovery import watchdog_line
@@ -30,16 +29,6 @@ def work(tmp_path):
     w = user_folder(tmp_path)
     yield w
     end_launched(tmp_path)
-
-
-def launch(work, run, *cmd, extra=(), env=None, timeout=60):
-    return subprocess.run([sys.executable, str(LAUNCHER), str(run), *extra, "--", *map(str, cmd)], cwd=work,
-                          capture_output=True, text=True, timeout=timeout, env=env)
-
-
-def stop(work, run, *extra):
-    return subprocess.run([sys.executable, str(STOPPER), str(run), *extra], cwd=work, capture_output=True,
-                          text=True, timeout=120)
 
 
 def proc_env(pid) -> dict:

@@ -1,19 +1,19 @@
 """Slurm: the state mapping on recorded squeue/scontrol/sacct outputs (tests/data/slurm/), and a
 live single-node Slurm (Debian's slurm-wlm + munge) when it can run here."""
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from conftest import ROOT, need, wait_for
 from supervise.slurm import SlurmJob, query, slurm_anomaly
 
 DATA = Path(__file__).parent / "data"
 REC = DATA / "slurm"
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def recorded(path: Path, **subst):
@@ -189,10 +189,9 @@ def slurm():
                    ("mariadbd", "/run/mysqld/mysqld.pid"), ("munged", "/run/munge/munged.pid"))
         before = {n: _pid(f) for n, f in daemons}
         subprocess.run(["bash", str(ROOT / ".ci" / "slurm-setup.sh"), "--start"], capture_output=True, timeout=120)
-        end = time.time() + 60
-        while time.time() < end and not _node_up():
-            time.sleep(1)
-        if not _node_up():
+        try:
+            wait_for(_node_up, "slurmctld/slurmd to bring the node up", timeout=60, tick=1)
+        except AssertionError:
             pytest.skip("slurmctld/slurmd did not bring the node up within 60 s (see /var/log/slurm/)")
         started = [p for n, f in daemons if (p := _pid(f)) and p != before[n]]
     yield
@@ -201,9 +200,8 @@ def slurm():
             os.kill(pid, 15)
         except ProcessLookupError:
             continue
-        end = time.time() + 15
-        while time.time() < end and Path(f"/proc/{pid}").exists():
-            time.sleep(0.2)
+        with contextlib.suppress(AssertionError):
+            wait_for(lambda: not Path(f"/proc/{pid}").exists(), f"daemon pid {pid} to end", timeout=15, tick=0.2)
 
 
 def sbatch(*args) -> str:
@@ -213,13 +211,8 @@ def sbatch(*args) -> str:
 
 
 def wait_state(job_id, done, timeout=120):
-    end = time.time() + timeout
-    while time.time() < end:
-        job = query(job_id)
-        if done(job):
-            return job
-        time.sleep(0.5)
-    raise AssertionError(f"job {job_id} stayed {query(job_id)}")
+    return wait_for(lambda: (job := query(job_id)) and done(job) and job, f"job {job_id} to reach the state asked",
+                    timeout, tick=0.5, why=lambda: f"it stayed {query(job_id)}")
 
 
 def test_live_pending_then_cancelled(slurm, tmp_path):
@@ -243,7 +236,7 @@ def test_live_running_then_completed_without_sentinel(slurm, tmp_path):
 
 
 def test_live_torchrun_job_failing_on_rank_1_is_a_crash_with_its_root_cause(slurm, tmp_path):
-    pytest.importorskip("torch")
+    need("torch")
     run = tmp_path / "run"
     run.mkdir()
     torchrun = Path(sys.executable).with_name("torchrun")
@@ -293,12 +286,9 @@ def test_live_sacct_once_squeue_forgot_the_job(slurm, tmp_path):
             return subprocess.CompletedProcess(argv, 1, "", "slurm_load_jobs error: Invalid job id specified\n")
         return subprocess.run(argv, **kw)
 
-    end, job = time.time() + 60, None
-    while time.time() < end:  # slurmdbd completes its record (WorkDir, JobName) a moment after the end
-        job = query(jid, runner=forgotten)
-        if job.finished and job.workdir:
-            break
-        time.sleep(1)
+    # slurmdbd completes its record (WorkDir, JobName) a moment after the end
+    job = wait_for(lambda: (j := query(jid, runner=forgotten)) and j.finished and j.workdir and j,
+                   "sacct's complete record", timeout=60, tick=1, why=lambda: str(query(jid, runner=forgotten)))
     assert (job.source, job.state, job.exit_code) == ("sacct", "FAILED", 1), job
     assert job.stdout == str(tmp_path / f"slurm-{jid}.out")
     a = slurm_anomaly(job, sentinel_present=False, step=0)
