@@ -251,10 +251,13 @@ def test_three_relaunches_from_the_same_checkpoint_are_no_progress(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     step = '{"step": %d, "t": 1, "loss": 0.5, "lr": 0.01, "grad_norm": 1.0, "sps": 10}\n'
-    text = '{"event": "start", "t": 0, "attempt": 1}\n' + step % 10 + step % 500
+
+    def start(attempt):  # a writer that declares how to relaunch: only no_progress can withhold the line
+        return json.dumps({"event": "start", "t": 0, "attempt": attempt, "argv": ["train.py", "--out", str(run)],
+                           "cwd": str(tmp_path), "resume": ["--resume"]}) + "\n"
+    text = start(1) + step % 10 + step % 500
     for attempt in (2, 3, 4):  # each relaunch resumed at the same checkpoint and crashed (its FATAL) past it
-        text += '{"event": "start", "t": 0, "attempt": %d}\n' % attempt + step % 510 + \
-            '{"step": 515, "t": 1, "FATAL": "ValueError: bad batch"}\n'
+        text += start(attempt) + step % 510 + '{"step": 515, "t": 1, "FATAL": "ValueError: bad batch"}\n'
     (run / "metrics.jsonl").write_text(text)
     rc, out, err = run_script("watchdog.py", run, *FAST, "--orphan-grace", "30", timeout=60)
     assert rc == 7 and out.startswith("ANOMALY no_progress: relaunches without the checkpoint step moving = 3 >= 3 "
