@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import SCRIPTS, need, run_script, wait_for_polls
+from conftest import SCRIPTS, kind_of, need, run_script, wait_for_polls
 from supervise import registry
 from supervise.contract import atomic_write_json
 from supervise.observation import Verdict
@@ -96,7 +96,7 @@ def test_every_state(state, first, tmp_path, sleeper):
     if state == "dead":
         assert "last error: KeyError: 'label'" in out
     if state == "anomaly":
-        assert "ANOMALY nan: loss = nan" in out.splitlines()[1]
+        assert kind_of(out.splitlines()[1]) == "nan" and out.splitlines()[1].startswith("ANOMALY nan: loss = nan "), out
 
 
 def test_stopped_process_is_stalled(tmp_path, sleeper):
@@ -106,7 +106,9 @@ def test_stopped_process_is_stalled(tmp_path, sleeper):
         rc, out, _ = run_script("checkin.py", tmp_path)
     finally:
         os.kill(sleeper.pid, signal.SIGCONT)
-    assert out.startswith("ANOMALY stall") and "state = stopped" in out
+    lines = out.splitlines()
+    assert lines[0].startswith(f"ANOMALY stall  {tmp_path}") and kind_of(lines[1]) == "stall", out
+    assert f"pid {sleeper.pid} state = stopped != running at step 50. " in lines[1], out
 
 
 def test_output_stays_bounded_with_huge_values(tmp_path, sleeper):

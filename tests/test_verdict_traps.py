@@ -143,7 +143,7 @@ def test_a_sentinel_still_being_written_is_not_done(content, tmp_path, trainer):
     t.wait_for_line(run / "metrics.jsonl", 3)
     (run / "final_val_metrics.json").write_text(content)
     rc, out, err = run_script("watchdog.py", run, *FAST, "--hard-timeout", "3", timeout=60)
-    assert rc == 7 and out.startswith("ANOMALY timeout"), out + err
+    assert rc == 7 and kind_of(out) == "timeout", out + err
     os.unlink(run / "watchdog.json")  # check-in's own view
     rc, out, _ = run_script("checkin.py", run)
     assert out.startswith("RUNNING healthy"), out
@@ -162,7 +162,9 @@ def test_a_blind_watchdog_says_so(make, tmp_path):
     rc, out, err = run_script("watchdog.py", run, *FAST, timeout=30)
     assert rc == 2 and "not a regular file" in err and len(err.strip().splitlines()) == 1, err
     rc, out, err = run_script("checkin.py", run, timeout=30)
-    assert rc == 0 and "ANOMALY blind" in out and "not a regular file" in out, out + err
+    lines = out.splitlines()
+    assert rc == 0 and lines[0].startswith(f"ANOMALY blind  {run}") and kind_of(lines[1]) == "blind", out + err
+    assert "not a regular file" in lines[1], out
 
 
 def test_blind_watchdog_says_so(tmp_path, trainer):
@@ -239,7 +241,7 @@ def test_checkin_prints_the_relaunch_line_and_the_watchdog_line(tmp_path):
     (run / "metrics.jsonl").write_text(json.dumps(start) + "\n" + step % (10, "0.5") + step % (20, "NaN"))
     rc, out, err = run_script("checkin.py", run)
     lines = out.splitlines()
-    assert lines[0].startswith("ANOMALY nan"), out
+    assert lines[0].startswith(f"ANOMALY nan  {run}") and kind_of(lines[1]) == "nan", out
     nxt = [ln[len("next: "):] for ln in lines if ln.startswith("next: ")]
     assert len(nxt) == 2, out
     assert nxt[0].startswith(f"cd {tmp_path} && ") and "--lr 0.005" in nxt[0] and "--resume" in nxt[0], nxt[0]
