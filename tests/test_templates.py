@@ -27,7 +27,7 @@ def copy_alone(name, folder: Path) -> Path:
     return Path(shutil.copy(ROOT / "templates" / name, folder / name))
 
 
-def launch(script: Path, *args, wait=True, timeout=300):
+def launch(script: Path, *args, wait=True, timeout=900):  # a hang bound: a full CPU run took > 300 s with both cores busy
     cmd = [sys.executable, "-u", script.name, *map(str, args)]
     if not wait:
         return subprocess.Popen(cmd, cwd=script.parent, env=ENV, stdout=subprocess.PIPE,

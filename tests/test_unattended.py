@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import LAUNCHER, ROOT, WATCHDOG, attempts, end_launched, kind_of, launch, pid_alive, procs_with, run_script, \
-    wait_for, wait_for_polls
+    shell, wait_for, wait_for_polls
 from supervise.launch import read_launch
 
 LOOP = ROOT / "tests" / "resumable_loop.py"
@@ -64,14 +64,13 @@ def test_the_relaunch_line_outlives_the_process_group_that_ran_it(work, sig):
     ``bash -c`` in its own process group, that group signalled once the relaunched trainer works. The
     trainer lives on, resumes past the checkpoint at half the learning rate and finishes."""
     run, (line, _) = nan_then_next_lines(work)
-    shell = subprocess.Popen(["bash", "-c", f"{line} && sleep 60"], start_new_session=True, cwd=work,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    sh = shell(f"{line} && sleep 60", cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     rec = wait_for(lambda: (r := read_launch(run)) and len(r["earlier"]) == 1 and r, "the relaunch's record")
     wait_for(lambda: len(attempts(run)) == 2 and any("loss" in r for r in attempts(run)[1]),
              "the relaunched trainer's first step record", timeout=BOUND)
     wait_for(lambda: not procs_with(str(LAUNCHER)), "the launcher to return", timeout=BOUND)
-    os.killpg(shell.pid, sig)
-    shell.wait(timeout=30)
+    os.killpg(sh.pid, sig)
+    sh.wait(timeout=30)
     assert pid_alive(rec["pid"]), "the relaunched trainer died with its caller's group"
     final = finished(run)
     a1, a2 = attempts(run)
@@ -86,10 +85,10 @@ def test_the_old_relaunch_line_dies_with_its_group(work):
     run, (line, _) = nan_then_next_lines(work)
     cmd = shlex.split(line)
     raw = f"cd {shlex.quote(str(work))} && {shlex.join(cmd[cmd.index('--') + 1:])} >> {shlex.quote(str(run))}/train.log 2>&1"
-    shell = subprocess.Popen(["bash", "-c", raw], start_new_session=True, cwd=work)
+    sh = shell(raw, cwd=work)
     wait_for(lambda: len(attempts(run)) == 2, "the raw relaunch's start record")
-    os.killpg(shell.pid, signal.SIGKILL)
-    shell.wait(timeout=30)
+    os.killpg(sh.pid, signal.SIGKILL)
+    sh.wait(timeout=30)
     wait_for(lambda: not procs_with(str(LOOP)), "the raw relaunch to die with its group")
     assert not (run / "final_val_metrics.json").exists()
 
