@@ -3,9 +3,9 @@ import json
 
 import pytest
 
-from conftest import read_json, run_script
+from conftest import need, read_json, run_script
 
-pd = pytest.importorskip("pandas")
+pd = need("pandas")
 
 ROWS = [  # (id, code, reason or "" when kept)
     ("ok_func", "def add(a, b):\n    return a+b\n", ""),
@@ -57,7 +57,7 @@ def test_every_row_gets_its_reason(workers, tmp_path):
 @pytest.mark.parametrize("how", ["black", "ast"])
 def test_normalized_variant_is_aligned_row_for_row(how, tmp_path):
     if how == "black":
-        pytest.importorskip("black")
+        need("black")
     rows = ROWS + [("black_breaks", "x = [1,\n  2,", "syntax_error")]
     rc, out, err = run_script("audit.py", corpus(tmp_path, rows, "csv"), "--id-col", "id", "--normalize", how,
                               "--out", tmp_path / "o", "--workers", "2", timeout=300)
@@ -81,7 +81,7 @@ def test_a_row_the_normalizer_fails_on_is_dropped_from_both(tmp_path):
 
 
 def test_a_row_that_hangs_the_normalizer_times_out_alone(tmp_path):
-    pytest.importorskip("black")
+    need("black")
     huge = "".join(f"def f{i}(a,b):\n    return [a,b,{i}]\n" for i in range(4000))
     rows = [("ok", "x = 1\n", ""), ("huge", huge, "timeout"), ("ok2", "y = 2\n", "")]
     # black takes ~10 s on the huge row and ~1 ms on the others: a 1 s limit splits them on any machine
@@ -94,7 +94,7 @@ def test_a_row_that_hangs_the_normalizer_times_out_alone(tmp_path):
 
 
 def test_supplied_variant_with_verbatim_fallbacks(tmp_path):
-    pytest.importorskip("black")
+    need("black")
     rows = [("a", "x=1\n", ""), ("b", "y = 2\n", ""), ("c", "def f( a ):\n  return a\n", ""), ("d", "z=[1,2]\n", "")]
     src = corpus(tmp_path, rows)
     variant = pd.DataFrame({"id": ["d", "c", "b", "a"],  # another order: matched by id

@@ -5,8 +5,9 @@ import os
 import pytest
 
 from bad_input import LONG_DIGITS, assert_refused, replay, snapshot, user_folder
+from conftest import need
 
-pd = pytest.importorskip("pandas")
+pd = need("pandas")
 ROWS = [{"id": "a", "code": "x = 1\n", "label": 0}, {"id": "b", "code": "print 'py2'\n", "label": 1},
         {"id": "c", "code": "def f():\n    return 2\n", "label": 1}]
 

@@ -4,17 +4,18 @@ import os
 import pytest
 
 from bad_input import LONG_DIGITS, assert_refused, replay, snapshot, user_folder
+from conftest import need
 
 
 def _no_gpu():
-    torch = pytest.importorskip("torch")
+    torch = need("torch")
     if torch.cuda.is_available():
         pytest.skip("a CUDA GPU is visible: --device cuda is not an error here")
 
 
 def _torch():
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
+    need("torch")
+    need("transformers")
 
 
 # (case, args, needle, what the case needs)

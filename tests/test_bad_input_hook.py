@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, need
 from supervise.guard import MAX_COMMAND
 from supervise.vocabulary import QUIET
 
@@ -71,7 +71,7 @@ CASES = [
 @pytest.mark.parametrize("case,stdin,decision,needle", CASES, ids=[c[0] for c in CASES])
 def test_the_hook_decides_on_purpose_and_in_time(case, stdin, decision, needle):
     if case == "1mb_write_with_v4_arguments":
-        pytest.importorskip("transformers")
+        need("transformers")
     t0 = time.monotonic()
     p = subprocess.run([sys.executable, str(ROOT / "hooks" / "pretooluse.py")], input=stdin, capture_output=True,
                        text=True, timeout=120, env=ENV)

@@ -5,8 +5,9 @@ import json
 import pytest
 
 from bad_input import make_not_regular, make_run_dir, steps, assert_refused, replay, snapshot, user_folder
+from conftest import need
 
-pytest.importorskip("matplotlib")
+need("matplotlib")
 def run_dir(work, metrics=None, files=None):
     return make_run_dir(work, "p", metrics, files)
 

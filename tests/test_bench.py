@@ -4,10 +4,10 @@ import sys
 
 import pytest
 
-from conftest import ROOT, run_script
+from conftest import ROOT, need, run_script
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
+torch = need("torch")
+need("transformers")
 TINY = ("--seq-len", "16", "--batch", "8", "--steps", "4", "--warmup", "1")
 
 

@@ -9,9 +9,8 @@ import sys
 import pytest
 
 from claude_client import CLAUDE, bash, client, skill_block
-from conftest import ROOT
+from conftest import ROOT, as_run
 from fake_anthropic import FakeAnthropic
-from launching import as_run
 
 
 @pytest.fixture

@@ -4,8 +4,10 @@ import math
 
 import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+from conftest import need
+
+torch = need("torch")
+transformers = need("transformers")
 from transformers import (BertConfig, BertForSequenceClassification, Trainer, TrainerCallback,  # noqa: E402
                           TrainingArguments)
 

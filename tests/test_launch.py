@@ -17,9 +17,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from bad_input import Result, assert_refused, replay, snapshot, user_folder
-from conftest import ROOT
-from launching import LAUNCHER, STOPPER, as_run, end_launched, keeps_writing, lines, pid_alive, procs_with, trainer_argv, \
-    wait_for
+from conftest import LAUNCHER, ROOT, as_run, assert_checkin_agrees, end_launched, keeps_writing, kind_of, launch, lines, \
+    pid_alive, polls, procs_with, records, run_script, start_script, stop, trainer_argv, wait_for, wait_for_lines, \
+    wait_for_polls, watchdog_state
 from supervise import registry
 from supervise.launch import run_on_exit
 from supervise.recovery import watchdog_line
@@ -32,16 +32,6 @@ def work(tmp_path):
     w = user_folder(tmp_path)
     yield w
     end_launched(tmp_path)
-
-
-def launch(work, run, *cmd, extra=(), env=None, timeout=60):
-    return subprocess.run([sys.executable, str(LAUNCHER), str(run), *extra, "--", *map(str, cmd)], cwd=work,
-                          capture_output=True, text=True, timeout=timeout, env=env)
-
-
-def stop(work, run, *extra):
-    return subprocess.run([sys.executable, str(STOPPER), str(run), *extra], cwd=work, capture_output=True,
-                          text=True, timeout=120)
 
 
 def proc_env(pid) -> dict:
@@ -121,6 +111,45 @@ def test_a_second_launch_into_a_live_run_is_refused_and_a_stopped_one_relaunches
     assert p.returncode == 0, p.stderr
     again = read_launch(run)
     assert again["pid"] != first["pid"] and again["stop"] is None and launch_alive(again)
+
+
+def test_the_launchers_window_is_the_time_limit(work):
+    """``launch.py RUN --window 3s``: a watchdog with no --hard-timeout ends the run's watch at 3 s of
+    wall time with the window as the limit, and check-in names the same limit."""
+    run = work / "runs" / "win"
+    assert launch(work, run, *trainer_argv(run, dt=0.05), extra=["--window", "3s"]).returncode == 0
+    rc, out, err = run_script("watchdog.py", run, "--poll", "0.2", cwd=work, timeout=120)
+    assert rc == 7 and kind_of(out) == "timeout", out + err
+    m = re.match(r"ANOMALY timeout: wall time = (\d+(?:\.\d)?)s > 3\.0s \(the launcher's --window\) at step \d+\. ", out)
+    assert m and float(m[1]) >= 3.0, out
+    assert_checkin_agrees(run, out.strip())
+    rc, text, err = run_script("checkin.py", run, cwd=work)
+    (limit,) = [ln for ln in text.splitlines() if ln.startswith("time limit: ")]
+    assert limit.startswith("time limit: 3s from the run's start (the launcher's --window); "), text
+
+
+def test_stop_py_while_the_watchdog_runs_is_the_watchdogs_stopped_verdict(work):
+    """``stop.py RUN`` ends a launched trainer the watchdog follows: the watchdog exits 0 with one
+    line, ``STOPPED: pid N stopped by stop.py at step S; no anomaly before it``, and check-in's
+    headline is STOPPED: a stop asked for is no anomaly."""
+    run = work / "runs" / "stopped"
+    assert launch(work, run, *trainer_argv(run, dt=0.05)).returncode == 0
+    rec = read_launch(run)
+    wait_for_lines(run / "metrics.jsonl", 3)
+    wd = start_script("watchdog.py", run, "--poll", "0.2", cwd=work)
+    wait_for_polls(run, polls(run) + 2, wd)  # it follows the trainer's records
+    assert stop(work, run).returncode == 0
+    out, err = wd.communicate(timeout=60)
+    assert wd.returncode == 0 and len(out.splitlines()) == 1, out + err
+    m = re.fullmatch(rf"STOPPED: pid {rec['pid']} stopped by stop\.py at step (\d+); no anomaly before it\n", out)
+    last = max(r["step"] for r in records(run) if "loss" in r)
+    assert m and 0 < int(m[1]) <= last, (out, last)
+    state = watchdog_state(run)
+    assert (state["state"], state["headline"], state["message"]) == ("stopped", "STOPPED", out.strip())
+    facts = assert_checkin_agrees(run, out.strip())
+    assert facts["watchdog"]["verdict"] == "STOPPED" and not facts["watchdog"]["alive"], facts
+    rc, text, _ = run_script("checkin.py", run, cwd=work)
+    assert text.startswith("STOPPED  ") and "with STOPPED" in text, text
 
 
 def _unwritable(work):

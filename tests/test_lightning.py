@@ -6,16 +6,17 @@ import math
 
 import pytest
 
+from conftest import need
 from supervised import FAULTS, USER_SCRIPTS, check_verdict, run_supervised, supervised_lines
 
-pytest.importorskip("lightning")
+need("lightning")
 SCRIPT = "lightning_lm.py"
 
 
 @pytest.mark.parametrize("fault", FAULTS, ids=lambda f: f.name)
 def test_lightning_run_under_the_watchdog(fault, tmp_path):
-    rc, out, recs = run_supervised(SCRIPT, fault, tmp_path)
-    check_verdict(fault, rc, out, recs, tmp_path / "run")
+    rc, out, err, recs = run_supervised(SCRIPT, fault, tmp_path)
+    check_verdict(fault, rc, out, err, recs, tmp_path / "run")
     if fault.name == "healthy":
         start = recs[0]
         assert start["task"] == "lm" and start["total_steps"] == 60 and start["batch_size"] == 16
@@ -47,9 +48,9 @@ def test_validation_metric_names(key, name):
 def test_lightning_ddp_two_processes(fault, tmp_path):
     """Lightning's own DDP launcher (gloo, CPU): rank 0 alone writes metrics.jsonl, every rank its heartbeat."""
     fault = dataclasses.replace(fault, args=fault.args + ("--devices", "2"))
-    rc, out, recs = run_supervised(SCRIPT, fault, tmp_path)
+    rc, out, err, recs = run_supervised(SCRIPT, fault, tmp_path)
     run = tmp_path / "run"
-    check_verdict(fault, rc, out, recs, run)
+    check_verdict(fault, rc, out, err, recs, run)
     starts = [r for r in recs if r.get("event") == "start"]
     assert len(starts) == 1 and starts[0]["world_size"] == 2 and starts[0]["rank"] == 0
     beats = {n: [json.loads(x) for x in (run / "ranks" / f"rank-{n}.jsonl").read_text().splitlines()]

@@ -5,34 +5,33 @@ a resume continues the uninterrupted run's."""
 import json
 import os
 import re
-import shlex
 import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, read_json, verdict_of
-from launching import run_relaunch
-from supervised import attempts
+from conftest import ROOT, attempts, end_group, launch_line, need, read_json, records, run_relaunch, shell, verdict_of, \
+    wait_for
 from supervise.recovery import relaunch_line, watchdog_line
 from supervise.vocabulary import QUIET
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
+torch = need("torch")
+need("transformers")
 
 VENV_BIN = str(Path(sys.executable).parent)
-SHELL_ENV = {**os.environ, "PATH": VENV_BIN + os.pathsep + os.environ.get("PATH", "")}  # an activated venv
+
+
+def venv() -> dict:
+    """An activated venv, read when a process starts (so that it carries the test's SUPERVISE_STATE_DIR)."""
+    return {**os.environ, "PATH": VENV_BIN + os.pathsep + os.environ.get("PATH", "")}
+
+
 ARGS = ["--samples", "2000", "--max-steps", "60", "--eval-steps", "20", "--logging-steps", "10"]
 TEMPLATES = ["train_torch.py", "train_hf.py"]
 WAIT = 400  # seconds: generous, for a machine with every core busy
-
-
-def records(run: Path):
-    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
 
 
 def checkpoints(run: Path):
@@ -42,35 +41,19 @@ def checkpoints(run: Path):
         if d.is_dir() else []
 
 
-def launch_line(job: Path, name: str, *args) -> str:
+def template_line(job: Path, name: str, *args) -> str:
     """The docstring's launch line: one physical line, output appended to RUN_DIR/train.log."""
-    env = " ".join(f"{k}={v}" for k, v in {"PYTHONUNBUFFERED": "1", **QUIET}.items())
-    return (f"cd {shlex.quote(str(job))} && mkdir -p run && {env} python -u {name} --out run "
-            f"{shlex.join(map(str, args))} >> run/train.log 2>&1")
+    return launch_line(["python", "-u", name, "--out", "run", *args], "run", cd=job, env={"PYTHONUNBUFFERED": "1", **QUIET})
 
 
-def shell(line: str, **kw) -> subprocess.Popen:
-    return subprocess.Popen(["bash", "-c", line], env=SHELL_ENV, **kw)
-
-
-def wait_until(cond, what: str, proc=None, timeout=WAIT):
-    end = time.time() + timeout
-    while time.time() < end:
-        got = cond()
-        if got:
-            return got
-        if proc is not None and proc.poll() is not None and not cond():
-            raise AssertionError(f"the trainer exited ({proc.returncode}) before {what}")
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+def run_line(line: str, **kw) -> subprocess.Popen:
+    """``line`` through bash in the activated venv."""
+    return shell(line, env=venv(), **kw)
 
 
 def trainer_pid(run: Path, attempt: int):
     """The pid in the start record of the given attempt, once written."""
-    try:
-        starts = [a[0] for a in attempts(run)]
-    except (OSError, ValueError):
-        return None
+    starts = [a[0] for a in attempts(run)]
     return starts[attempt - 1]["pid"] if len(starts) >= attempt else None
 
 
@@ -78,14 +61,12 @@ def steps_of(attempt):
     return [r for r in attempt if "loss" in r]
 
 
-
-
 @pytest.fixture(scope="module", params=TEMPLATES)
 def reference(request, tmp_path_factory):
     """The uninterrupted run on the same seed and flags."""
     job = tmp_path_factory.mktemp("ref")
     shutil.copy(ROOT / "templates" / request.param, job)
-    p = shell(launch_line(job, request.param, *ARGS))
+    p = run_line(template_line(job, request.param, *ARGS))
     assert p.wait(timeout=WAIT) == 0, (job / "run" / "train.log").read_text()[-3000:]
     return request.param, {r["step"]: r["loss"] for r in steps_of(attempts(job / "run")[0])}
 
@@ -97,16 +78,15 @@ def test_sigkill_mid_run_then_the_relaunch_line_finishes_it(reference, kind, tmp
     job.mkdir()
     shutil.copy(ROOT / "templates" / name, job)
     run = job / "run"
-    first = shell(launch_line(job, name, *ARGS))
+    first = run_line(template_line(job, name, *ARGS))
     try:
         # mid-run: past the first checkpoint (step 20) and a step record after it
-        wait_until(lambda: checkpoints(run) and any(
-            r.get("step", 0) > 20 and "loss" in r for r in records(run)), "a step after the first checkpoint", first)
+        wait_for(lambda: checkpoints(run) and any(r.get("step", 0) > 20 and "loss" in r for r in records(run)),
+                 "a step after the first checkpoint", timeout=WAIT, proc=first)
         os.kill(trainer_pid(run, 1), signal.SIGKILL)
         assert first.wait(timeout=60) == -signal.SIGKILL or first.returncode == 128 + signal.SIGKILL
     finally:
-        if first.poll() is None:
-            first.kill()
+        end_group(first)
     killed_at = max(r["step"] for r in records(run) if "loss" in r)
     assert killed_at < 60 and not (run / "final_val_metrics.json").exists()
     assert len(checkpoints(run)) <= 2
@@ -114,10 +94,10 @@ def test_sigkill_mid_run_then_the_relaunch_line_finishes_it(reference, kind, tmp
     start = attempts(run)[0][0]
     line = relaunch_line(start, verdict_of(kind), run)
     assert line and "\n" not in line and " --replace -- " in line  # through the launcher, like the first launch
-    wd = shell(watchdog_line(run, python=sys.executable) + " --poll 0.5", stdout=subprocess.PIPE,
-               stderr=subprocess.PIPE, text=True)
+    wd = run_line(watchdog_line(run, python=sys.executable) + " --poll 0.5", stdout=subprocess.PIPE,
+                  stderr=subprocess.PIPE, text=True)
     try:
-        run_relaunch(line, run, env=SHELL_ENV, timeout=WAIT)  # verbatim, through a shell, as the agent runs it
+        run_relaunch(line, run, env=venv(), timeout=WAIT)  # verbatim, through a shell, as the agent runs it
         out, err = wd.communicate(timeout=120)
     finally:
         if wd.poll() is None:
@@ -160,18 +140,18 @@ def stop_during_save(proc_pid: int, run: Path, name: str, timeout=WAIT):
             return []
         return [p.name for p in d.iterdir() if p.name.startswith(".tmp.") or p.name == ".staging"]
 
-    end = time.time() + timeout
-    while time.time() < end:
-        if partial():
-            os.kill(proc_pid, signal.SIGSTOP)
-            left = partial()
-            if left:
-                assert len(checkpoints(run)) <= 2, checkpoints(run)  # two at most, even mid-save
-                os.kill(proc_pid, signal.SIGKILL)
-                return left
-            os.kill(proc_pid, signal.SIGCONT)  # the save had just finished: wait for the next
-        time.sleep(0.0005)
-    raise AssertionError("never caught a save under way")
+    def caught():
+        if not partial():
+            return None
+        os.kill(proc_pid, signal.SIGSTOP)
+        left = partial()
+        if left:
+            assert len(checkpoints(run)) <= 2, checkpoints(run)  # two at most, even mid-save
+            os.kill(proc_pid, signal.SIGKILL)
+            return left
+        os.kill(proc_pid, signal.SIGCONT)  # the save had just finished: wait for the next
+        return None
+    return wait_for(caught, "a save under way", timeout=timeout, tick=0.0005)
 
 
 def every_file_loads(run: Path, name: str):
@@ -201,19 +181,17 @@ def test_sigkill_during_saves_never_leaves_an_unloadable_checkpoint(name, tmp_pa
     args = ["--samples", "2000", "--max-steps", "40", "--eval-steps", "2", "--logging-steps", "2"]
     caught = []
     for i in range(3):
-        p = shell(launch_line(job, name, *args, *(["--resume"] if i else [])))
+        p = run_line(template_line(job, name, *args, *(["--resume"] if i else [])))
         try:
-            pid = wait_until(lambda: trainer_pid(run, i + 1), f"attempt {i + 1}'s start record", p)
-            wait_until(lambda: checkpoints(run), "a first checkpoint", p)  # then catch the next save
+            pid = wait_for(lambda: trainer_pid(run, i + 1), f"attempt {i + 1}'s start record", WAIT, proc=p)
+            wait_for(lambda: checkpoints(run), "a first checkpoint", WAIT, proc=p)  # then catch the next save
             caught.append(stop_during_save(pid, run, name))
             p.wait(timeout=60)
         finally:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+            end_group(p)
         every_file_loads(run, name)
     assert all(caught), caught
-    p = shell(launch_line(job, name, *args, "--resume"))
+    p = run_line(template_line(job, name, *args, "--resume"))
     assert p.wait(timeout=WAIT) == 0, (run / "train.log").read_text()[-3000:]
     assert read_json(run / "final_val_metrics.json")["attempt"] == 4
     left = every_file_loads(run, name)
@@ -227,14 +205,14 @@ def test_resume_without_a_checkpoint_starts_fresh_and_says_so(name, tmp_path):
     shutil.copy(ROOT / "templates" / name, tmp_path)
     p = subprocess.run([sys.executable, "-u", name, "--out", "run", "--resume", "--samples", "400",
                         "--max-steps", "4", "--eval-steps", "2", "--logging-steps", "2"],
-                       cwd=tmp_path, env=SHELL_ENV, capture_output=True, text=True, timeout=WAIT)
+                       cwd=tmp_path, env=venv(), capture_output=True, text=True, timeout=WAIT)
     assert p.returncode == 0, p.stderr[-2000:]
     said = [ln for ln in p.stdout.splitlines() if ln.startswith("resume:")]
     assert said == [f"resume: no checkpoint in {os.path.join('run', 'checkpoints')}; starting fresh"]
     (start,) = [r for r in records(tmp_path / "run") if r.get("event") == "start"]
     assert start["attempt"] == 1 and steps_of(records(tmp_path / "run"))[0]["step"] == 2
     # a fresh launch over that checkpoint is refused in one line: --resume, or another --out
-    q = subprocess.run([sys.executable, "-u", name, "--out", "run"], cwd=tmp_path, env=SHELL_ENV,
+    q = subprocess.run([sys.executable, "-u", name, "--out", "run"], cwd=tmp_path, env=venv(),
                        capture_output=True, text=True, timeout=WAIT)
     assert q.returncode == 2 and q.stderr.strip().count("\n") == 0
     assert q.stderr.startswith("error: run/checkpoints/") and q.stderr.strip().endswith(

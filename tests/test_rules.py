@@ -6,6 +6,7 @@ import re
 
 import pytest
 
+from conftest import anomaly_line
 from supervise.judge import BY_KIND, KINDS, RECORD_RULES, RULES, is_warning, judge
 from supervise.observation import Observation, Proc, Records, WatchdogSeen, frozen
 from supervise.rules import RecordRules
@@ -13,7 +14,13 @@ from supervise.thresholds import Thresholds
 from supervise.vocabulary import Anomaly
 
 TH = Thresholds()
-SHAPE = re.compile(r"^ANOMALY (?P<kind>[a-z_]+): .+ (=|is) .+ at step \d+\. [A-Z].+\.$")
+
+
+def assert_shape(line: str, kind: str) -> None:
+    """The one message shape: the anomaly grammar (conftest.LINE) with this kind, <what> a
+    comparison (``=`` or ``is``), the fix a sentence."""
+    m = anomaly_line(line)
+    assert m["kind"] == kind and re.search(r". (=|is) .", m["what"]) and m["fix"][:1].isupper(), line
 
 
 def steps(n, start=10, every=10, t0=0.0, dt=1.0, **over):
@@ -100,7 +107,7 @@ def test_record_rules_fire_at_the_exact_step(name, records, start, kind, step):
         return
     first = judge(Observation(now=0, watch_started=0, records=Records(hits=frozen(found))), TH).anomaly
     assert first.kind == kind and first.step == step, first.message
-    assert SHAPE.match(first.message), first.message
+    assert_shape(first.message, kind)
 
 
 def test_throughput_holds_for_its_window_of_record_time():
@@ -202,7 +209,7 @@ def test_judge_names_the_kind_with_one_message_shape(name, observation, kind):
     v = judge(observation, TH)
     assert v.state == "anomaly" and v.kind == kind and v.code == 7, v
     if name != "a watchdog's earlier verdict of this run":
-        assert SHAPE.match(v.line) and v.line.startswith(f"ANOMALY {kind}: "), v.line
+        assert_shape(v.line, kind)
 
 
 # (what looks like trouble but is not, the observation, the state and headline judge must give)

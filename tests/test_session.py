@@ -13,10 +13,9 @@ import time
 import pytest
 
 from claude_client import Interactive, bash, client, skill_block
-from conftest import FAKE, ROOT
+from conftest import FAKE, ROOT, as_run, attempts, end_launched, keeps_writing, kind_of, lines, pid_alive, procs_with, \
+    step_of, wait_for
 from fake_anthropic import FakeAnthropic, text_of
-from launching import as_run, end_launched, keeps_writing, lines, pid_alive, procs_with, wait_for
-from supervised import attempts
 from supervise.state import launch_alive, read_launch
 
 # the client ends its background tasks within seconds of its end (CLAUDE_CODE.md: gone 6 s
@@ -123,6 +122,12 @@ LOOP = ROOT / "tests" / "resumable_loop.py"
 WAKE = "The watchdog said:"
 
 
+def verdict_of(wake: str) -> str:
+    """The watchdog's line inside a wake prompt (session.md: "The watchdog said: LINE. Follow the skill.")."""
+    assert wake.startswith(WAKE + " ") and wake.endswith(". Follow the skill."), wake
+    return wake[len(WAKE) + 1:-len(". Follow the skill.")]
+
+
 def write_loop(cwd) -> None:
     """The user's train.py: a plain loop with Telemetry and a declared --resume {checkpoint} recipe
     (tests/resumable_loop.py), run as the user's own file from the project folder."""
@@ -201,8 +206,8 @@ def test_the_headless_chain_closes_with_nobody_there(work):
         time.sleep(3)
     finally:
         fake.__exit__(None, None, None)
-    assert agent.wakes[0].startswith(f"{WAKE} ANOMALY nan: ") and "at step 60" in agent.wakes[0], agent.wakes
-    assert agent.wakes[1].startswith(f"{WAKE} OK done: final_val_metrics.json written at step 300/300 (attempt 2)")
+    assert kind_of(verdict_of(agent.wakes[0])) == "nan" and step_of(verdict_of(agent.wakes[0])) == 60, agent.wakes
+    assert verdict_of(agent.wakes[1]).startswith("OK done: final_val_metrics.json written at step 300/300 (attempt 2)")
     assert len(agent.wakes) == 2, agent.wakes
     a1, a2 = attempts(run)
     assert next(r["step"] for r in a2 if "loss" in r) == 60 and {r["lr"] for r in a2 if "lr" in r} == {0.005}
@@ -222,12 +227,13 @@ def test_a_run_that_fails_every_time_stops_at_the_no_progress_bound(work):
     agent = SkillAgent()
     fake, first = start_unattended(home, cwd, agent, "--nan-at 60 --lr 0.01 --nan-lr 0 --dt 0.02")
     try:
-        wait_for(lambda: any("no_progress" in w for w in agent.wakes), "the no_progress wake", timeout=420)
+        wait_for(lambda: "no_progress" in [kind_of(verdict_of(w)) for w in agent.wakes], "the no_progress wake",
+                 timeout=420)
         wait_for(lambda: not procs_with(f"{WAKE} ANOMALY"), "the last resumed claude -p to end", timeout=120)
         time.sleep(10)  # nothing more comes: no watchdog is left to wake anyone
     finally:
         fake.__exit__(None, None, None)
-    kinds = [w.split(":")[1].split()[-1] for w in agent.wakes]
+    kinds = [kind_of(verdict_of(w)) for w in agent.wakes]
     assert kinds == ["nan", "nan", "nan", "no_progress"], agent.wakes
     assert "relaunches without the checkpoint step moving = 3 >= 3 (the last ended in nan)" in agent.wakes[-1]
     assert len(attempts(run)) == 4 and len(read_launch(run)["on_exit"]) == 4

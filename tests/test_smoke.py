@@ -4,9 +4,9 @@ import sys
 
 import pytest
 
-from conftest import ROOT, run_script
+from conftest import ROOT, need, run_script
 
-pytest.importorskip("torch")
+need("torch")
 ROW = {"contract": "contract", "loss": "loss < chance", "auroc": "auroc rises", "checkpoint": "checkpoint",
        "sentinel": "sentinel", "v5": "v5 arguments"}
 
@@ -46,7 +46,7 @@ def test_smoke_passes_on_the_torch_template(torch_smoke):
 
 
 def test_smoke_passes_on_the_hf_template(tmp_path):
-    pytest.importorskip("transformers")
+    need("transformers")
     rc, out, _ = smoke_run(tmp_path, "train_hf.py")
     check_passed(rc, out, "reloads (from_pretrained) and a forward pass gives (1, 2) finite logits")
 

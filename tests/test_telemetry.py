@@ -7,7 +7,7 @@ from decimal import Decimal
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, need
 from supervised import FAULTS, USER_SCRIPTS, check_verdict, run_supervised, supervised_lines
 from supervise.telemetry import Telemetry
 
@@ -157,14 +157,14 @@ def test_the_marked_block_runs_alone_with_the_standard_library(tmp_path):
     assert json.loads((tmp_path / "run" / "final_val_metrics.json").read_text())["eval_loss"] == 1.0
 
 
-torch = pytest.importorskip("torch")
 SCRIPT = "plain_loop.py"
 
 
 @pytest.mark.parametrize("fault", FAULTS, ids=lambda f: f.name)
 def test_plain_loop_under_the_watchdog(fault, tmp_path):
-    rc, out, recs = run_supervised(SCRIPT, fault, tmp_path)
-    check_verdict(fault, rc, out, recs, tmp_path / "run")
+    need("torch")
+    rc, out, err, recs = run_supervised(SCRIPT, fault, tmp_path)
+    check_verdict(fault, rc, out, err, recs, tmp_path / "run")
     if fault.name == "healthy":
         steps = [r for r in recs if "loss" in r]
         assert [r["step"] for r in steps] == [10, 20, 30, 40, 50, 60] and steps[-1]["sps"] > 0

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, read_json, start_script
+from conftest import ROOT, need, read_json, start_script
 from supervise.contract import validate_file
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
+torch = need("torch")
+need("transformers")
 
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
        "TRANSFORMERS_VERBOSITY": "error", "TOKENIZERS_PARALLELISM": "false"}
@@ -27,7 +27,7 @@ def copy_alone(name, folder: Path) -> Path:
     return Path(shutil.copy(ROOT / "templates" / name, folder / name))
 
 
-def launch(script: Path, *args, wait=True, timeout=300):
+def launch(script: Path, *args, wait=True, timeout=900):  # a hang bound: a full CPU run took > 300 s with both cores busy
     cmd = [sys.executable, "-u", script.name, *map(str, args)]
     if not wait:
         return subprocess.Popen(cmd, cwd=script.parent, env=ENV, stdout=subprocess.PIPE,

@@ -4,16 +4,16 @@ polled as the watchdog will poll them, name rank 1 and its root cause."""
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import assert_checkin_agrees
+from conftest import WATCHDOG, assert_checkin_agrees, end_group, kind_of, launch_line, missing, need, shell, start_script, \
+    wait_for, wait_for_polls
 
-pytest.importorskip("torch")
+need("torch")
 
 from supervise import probes  # noqa: E402
 from supervise.logs import cgroup_dir, kernel_oom_lines, killed_reason, last_error, log_tail, oom_kills, root_cause  # noqa: E402
@@ -22,16 +22,13 @@ from supervise.ranks import RankFiles, local_pids, rank_dead, rank_hang, rank_li
 LOOP = Path(__file__).parent / "ddp_loop.py"
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 if not TORCHRUN.exists():
-    pytest.skip("torchrun is not installed next to this Python", allow_module_level=True)
+    missing(f"torchrun is not installed next to this Python ({TORCHRUN}): torch's install puts it there")
 
 
 class Job:
     def __init__(self, run_dir: Path, *args):
-        run_dir.mkdir(parents=True, exist_ok=True)
         self.run_dir, self.log = run_dir, run_dir / "train.log"
-        cmd = (f"exec '{TORCHRUN}' --nproc_per_node 2 '{LOOP}' --out '{run_dir}' "
-               + " ".join(map(str, args)) + f" >> '{self.log}' 2>&1")
-        self.proc = subprocess.Popen(["bash", "-c", cmd], start_new_session=True)
+        self.proc = shell(launch_line([TORCHRUN, "--nproc_per_node", 2, LOOP, "--out", run_dir, *args], run_dir))
         self.files = RankFiles(run_dir)
 
     def worker_pids(self) -> list[int]:
@@ -39,14 +36,10 @@ class Job:
         return sorted({int(p) for p in found} | {s.pid for s in self.files.poll().values() if s.pid})
 
     def wait_for_steps(self, n=2, timeout=180):
-        end = time.time() + timeout
-        while time.time() < end:
-            ranks = self.files.poll()
-            if len(ranks) == 2 and all(s.records >= n for s in ranks.values()):
-                return ranks
-            assert self.proc.poll() is None, self.log.read_text()[-3000:]
-            time.sleep(0.2)
-        raise AssertionError("the two ranks never wrote heartbeats:\n" + self.log.read_text()[-3000:])
+        return wait_for(lambda: (ranks := self.files.poll()) and len(ranks) == 2 and
+                        all(s.records >= n for s in ranks.values()) and ranks,
+                        f"the two ranks' heartbeats of {n} steps", timeout, tick=0.2, proc=self.proc,
+                        why=lambda: self.log.read_text()[-3000:])
 
     def close(self):
         pids = self.worker_pids()   # torchrun starts each worker in a session of its own
@@ -56,9 +49,7 @@ class Job:
                     os.kill(pid, sig)
                 except ProcessLookupError:
                     pass
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(timeout=60)
+        end_group(self.proc)
 
 
 @pytest.fixture
@@ -75,17 +66,20 @@ def job(tmp_path):
         j.close()
 
 
-def poll(job, stall_s, until, timeout):
-    """Poll like the watchdog: heartbeats, local process states, then the rank rules."""
-    end = time.time() + timeout
-    while time.time() < end:
+def poll(job, until, what, timeout):
+    """Poll like the watchdog (heartbeats, local process states, then the rank rules) until
+    ``until(ranks, procs)`` names something: (it, ranks, procs)."""
+    def look():
         ranks = job.files.poll()
         procs = {pid: probes.process(pid).state for pid in local_pids(ranks)}
         got = until(ranks, procs)
-        if got:
-            return got, ranks, procs
-        time.sleep(0.25)
-    return None, job.files.poll(), {}
+        return got and (got, ranks, procs)
+
+    def lines():
+        ranks = job.files.poll()
+        procs = {pid: probes.process(pid).state for pid in local_pids(ranks)}
+        return "\n".join(rank_lines(ranks, time.time(), procs)) + "\n" + job.log.read_text()[-3000:]
+    return wait_for(look, what, timeout, tick=0.25, why=lines)
 
 
 def test_sigstop_of_rank_1_is_named_within_45s(job):
@@ -94,9 +88,9 @@ def test_sigstop_of_rank_1_is_named_within_45s(job):
     pid1 = ranks[1].pid
     os.kill(pid1, signal.SIGSTOP)
     t0 = time.time()
-    found, ranks, procs = poll(j, 300, lambda r, p: rank_dead(r, p) or rank_hang(r, time.time(), p, stall_s=300), 45)
+    found, ranks, procs = poll(j, lambda r, p: rank_dead(r, p) or rank_hang(r, time.time(), p, stall_s=300),
+                               "a rule naming rank 1", 45)
     took = time.time() - t0
-    assert found is not None, f"nothing named rank 1 within 45 s: {rank_lines(ranks, time.time(), procs)}"
     assert found.kind == "rank_hang" and took < 45
     assert found.message.startswith(f"ANOMALY rank_hang: rank 1 (pid {pid1} on ")
     assert f"kill -CONT {pid1}" in found.message and "PID" not in found.message
@@ -118,10 +112,8 @@ def test_sigkill_of_rank_1_is_named_with_its_root_cause_within_20s(job):
         dead = rank_dead(ranks, procs, cause)  # torchrun has SIGTERMed rank 0 by now: the cause says who was first
         return (dead, cause) if dead and cause else None
 
-    found, ranks, _ = poll(j, 300, named, 20)
+    (dead, cause), ranks, _ = poll(j, named, "rank 1's death and torchrun's root cause", 20)
     took = time.time() - t0
-    assert found is not None, "rank 1's death or torchrun's root cause missing after 20 s:\n" + j.log.read_text()[-3000:]
-    dead, cause = found
     assert took < 20
     assert dead.kind == "dead" and dead.message.startswith(f"ANOMALY dead: rank 1 (pid {pid1} on ")
     assert (cause.rank, cause.pid, cause.exitcode, cause.signal) == (1, pid1, -9, "SIGKILL")
@@ -151,12 +143,14 @@ def test_healthy_two_rank_run_names_nothing_and_finishes(job):
     j = job("--steps", 60)
     j.wait_for_steps()
     hits = []
-    while j.proc.poll() is None:
+
+    def ended():  # every 0.2 s while the run lives: what the rank rules say
         ranks = j.files.poll()
         procs = {pid: probes.process(pid).state for pid in local_pids(ranks)}
         now = time.time()
-        hits += [a for a in (rank_hang(ranks, now, procs, stall_s=60), straggler(ranks, now, window_s=5)) if a]
-        time.sleep(0.2)
+        hits.extend(a for a in (rank_hang(ranks, now, procs, stall_s=60), straggler(ranks, now, window_s=5)) if a)
+        return j.proc.poll() is not None
+    wait_for(ended, "the two-rank run to end", timeout=240, tick=0.2)
     assert j.proc.returncode == 0, j.log.read_text()[-3000:]
     assert hits == []
     assert (j.run_dir / "final_val_metrics.json").exists()
@@ -167,21 +161,19 @@ def test_healthy_two_rank_run_names_nothing_and_finishes(job):
 # The same faults through scripts/watchdog.py, as the agent runs it: no --pid, max-stall 300 s;
 # the watchdog finds torchrun through train.log and the ranks through their heartbeats.
 def watchdog(run_dir):
-    return subprocess.Popen([sys.executable, str(Path(__file__).parents[1] / "scripts" / "watchdog.py"), str(run_dir),
-                             "--poll", "0.5", "--max-stall", "300"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    return start_script(WATCHDOG.name, run_dir, "--poll", "0.5", "--max-stall", "300")
 
 
 def test_watchdog_names_a_stopped_rank_within_45s(job):
     j = job()
     ranks = j.wait_for_steps()
     wd = watchdog(j.run_dir)
-    time.sleep(2)
+    wait_for_polls(j.run_dir, 2, wd)  # it follows torchrun and both ranks
     pid1 = ranks[1].pid
     os.kill(pid1, signal.SIGSTOP)
     t0 = time.time()
     out, err = wd.communicate(timeout=90)
-    assert wd.returncode == 7 and out.startswith(f"ANOMALY rank_hang: rank 1 (pid {pid1} on "), out + err
+    assert wd.returncode == 7 and kind_of(out) == "rank_hang" and out.startswith(f"ANOMALY rank_hang: rank 1 (pid {pid1} on "), out + err
     assert time.time() - t0 < 45
     assert_checkin_agrees(j.run_dir, out.strip())
 
@@ -190,12 +182,12 @@ def test_watchdog_names_a_killed_rank_with_its_root_cause_within_20s(job):
     j = job()
     ranks = j.wait_for_steps()
     wd = watchdog(j.run_dir)
-    time.sleep(2)
+    wait_for_polls(j.run_dir, 2, wd)  # it follows torchrun and both ranks
     pid1 = ranks[1].pid
     os.kill(pid1, signal.SIGKILL)
     t0 = time.time()
     out, err = wd.communicate(timeout=90)
-    assert wd.returncode == 7 and out.startswith("ANOMALY crash: root cause = "), out + err
+    assert wd.returncode == 7 and kind_of(out) == "crash" and out.startswith("ANOMALY crash: root cause = "), out + err
     assert f"rank 1 (local_rank 1, pid {pid1} on " in out and "killed by SIGKILL (not shown to be OOM)" in out
     assert "=====" not in out and "PID" not in out
     assert time.time() - t0 < 20

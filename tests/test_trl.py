@@ -5,16 +5,17 @@ import math
 
 import pytest
 
+from conftest import need
 from supervised import FAULTS, USER_SCRIPTS, check_verdict, run_supervised, supervised_lines
 
-pytest.importorskip("trl")
+need("trl")
 SCRIPT = "sft_tiny_llama.py"
 
 
 @pytest.mark.parametrize("fault", FAULTS, ids=lambda f: f.name)
 def test_sft_run_under_the_watchdog(fault, tmp_path):
-    rc, out, recs = run_supervised(SCRIPT, fault, tmp_path)
-    check_verdict(fault, rc, out, recs, tmp_path / "run")
+    rc, out, err, recs = run_supervised(SCRIPT, fault, tmp_path)
+    check_verdict(fault, rc, out, err, recs, tmp_path / "run")
     if fault.name == "healthy":
         start = recs[0]
         assert start["task"] == "lm" and start["vocab_size"] == 13 and start["total_steps"] == 60
@@ -33,15 +34,15 @@ def test_sft_integration_is_two_lines():
     assert len(lines) == 2, lines
 
 
-TORCHRUN = {"env": "ACCELERATE_USE_CPU=1", "runner": ("-m", "torch.distributed.run", "--nproc_per_node", "2")}
+TORCHRUN = {"variables": {"ACCELERATE_USE_CPU": "1"}, "runner": ("-m", "torch.distributed.run", "--nproc_per_node", "2")}
 
 
 @pytest.mark.parametrize("fault", [f for f in FAULTS if f.name in ("healthy", "nan")], ids=lambda f: f.name)
 def test_sft_under_torchrun_two_ranks(fault, tmp_path):
     """Real DDP (gloo, CPU): rank 0 alone writes metrics.jsonl, every rank its heartbeat file."""
-    rc, out, recs = run_supervised(SCRIPT, fault, tmp_path, **TORCHRUN)
+    rc, out, err, recs = run_supervised(SCRIPT, fault, tmp_path, **TORCHRUN)
     run = tmp_path / "run"
-    check_verdict(fault, rc, out, recs, run)
+    check_verdict(fault, rc, out, err, recs, run)
     starts = [r for r in recs if r.get("event") == "start"]
     assert len(starts) == 1 and starts[0]["world_size"] == 2 and starts[0]["rank"] == 0
     beats = {n: [json.loads(x) for x in (run / "ranks" / f"rank-{n}.jsonl").read_text().splitlines()]

@@ -15,13 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, run_script
-from launching import end_launched, pid_alive, procs_with, wait_for
-from supervised import attempts
+from conftest import LAUNCHER, ROOT, WATCHDOG, attempts, end_launched, kind_of, launch, pid_alive, procs_with, run_script, \
+    shell, wait_for, wait_for_polls
 from supervise.state import read_launch
 
 LOOP = ROOT / "tests" / "resumable_loop.py"
-WATCHDOG = ROOT / "scripts" / "watchdog.py"
 BOUND = 120  # seconds: a hang, never a slow machine
 
 
@@ -36,18 +34,19 @@ def work(tmp_path):
             pass
 
 
-def launch(work, run, *args):
-    rc, out, err = run_script("launch.py", run, "--", sys.executable, "-u", LOOP, "--out", run, *args, cwd=work)
-    assert rc == 0, err
+def launched(work, run, *args) -> dict:
+    """tests/resumable_loop.py started through the launcher into ``run``: its launch record."""
+    p = launch(work, run, sys.executable, "-u", LOOP, "--out", run, *args)
+    assert p.returncode == 0, p.stderr
     return read_launch(run)
 
 
 def nan_then_next_lines(work, *loop_args) -> tuple[Path, list[str]]:
     """A run that NaNs at step 60 (lr 0.01), its watchdog's ANOMALY nan, then check-in's next: lines."""
     run = work / "runs" / "exp1"
-    launch(work, run, "--nan-at", "60", "--dt", "0.02", *loop_args)
+    launched(work, run, "--nan-at", "60", "--dt", "0.02", *loop_args)
     rc, out, err = run_script("watchdog.py", run, "--poll", "0.3", timeout=BOUND)
-    assert rc == 7 and out.startswith("ANOMALY nan: "), out + err
+    assert rc == 7 and kind_of(out) == "nan", out + err
     text = run_script("checkin.py", run)[1]
     nxt = [ln[len("next: "):] for ln in text.splitlines() if ln.startswith("next: ")]
     assert len(nxt) == 2 and "/scripts/launch.py " in nxt[0] and " --replace " in nxt[0], text
@@ -62,15 +61,16 @@ def finished(run: Path) -> dict:
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGHUP], ids=["SIGKILL", "SIGHUP"])
 def test_the_relaunch_line_outlives_the_process_group_that_ran_it(work, sig):
     """What a client does to its background tasks, or an SSH drop to a shell: the relaunch line run by
-    ``bash -c`` in its own process group, that group signalled 4 s later. The trainer lives on,
-    resumes past the checkpoint at half the learning rate and finishes."""
+    ``bash -c`` in its own process group, that group signalled once the relaunched trainer works. The
+    trainer lives on, resumes past the checkpoint at half the learning rate and finishes."""
     run, (line, _) = nan_then_next_lines(work)
-    shell = subprocess.Popen(["bash", "-c", f"{line} && sleep 60"], start_new_session=True, cwd=work,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    sh = shell(f"{line} && sleep 60", cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     rec = wait_for(lambda: (r := read_launch(run)) and len(r["earlier"]) == 1 and r, "the relaunch's record")
-    time.sleep(4)
-    os.killpg(shell.pid, sig)
-    shell.wait(timeout=30)
+    wait_for(lambda: len(attempts(run)) == 2 and any("loss" in r for r in attempts(run)[1]),
+             "the relaunched trainer's first step record", timeout=BOUND)
+    wait_for(lambda: not procs_with(str(LAUNCHER)), "the launcher to return", timeout=BOUND)
+    os.killpg(sh.pid, sig)
+    sh.wait(timeout=30)
     assert pid_alive(rec["pid"]), "the relaunched trainer died with its caller's group"
     final = finished(run)
     a1, a2 = attempts(run)
@@ -85,20 +85,20 @@ def test_the_old_relaunch_line_dies_with_its_group(work):
     run, (line, _) = nan_then_next_lines(work)
     cmd = shlex.split(line)
     raw = f"cd {shlex.quote(str(work))} && {shlex.join(cmd[cmd.index('--') + 1:])} >> {shlex.quote(str(run))}/train.log 2>&1"
-    shell = subprocess.Popen(["bash", "-c", raw], start_new_session=True, cwd=work)
+    sh = shell(raw, cwd=work)
     wait_for(lambda: len(attempts(run)) == 2, "the raw relaunch's start record")
-    os.killpg(shell.pid, signal.SIGKILL)
-    shell.wait(timeout=30)
+    os.killpg(sh.pid, signal.SIGKILL)
+    sh.wait(timeout=30)
     wait_for(lambda: not procs_with(str(LOOP)), "the raw relaunch to die with its group")
     assert not (run / "final_val_metrics.json").exists()
 
 
 def test_a_watchdog_line_given_twice_makes_one_watchdog(work):
     run = work / "run"
-    launch(work, run, "--steps", "100000")
+    launched(work, run, "--steps", "100000")
     first = subprocess.Popen([sys.executable, str(WATCHDOG), str(run), "--poll", "0.3"], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
-    wait_for(lambda: (run / "watchdog.json").exists(), "the first watchdog's state")
+    wait_for_polls(run, 1, first)
     for extra in ((), ("--detach",)):  # in the foreground, and detached: both refused, one line, exit 2
         rc, out, err = run_script("watchdog.py", run, "--poll", "0.3", *extra)
         assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1, out + err
@@ -122,10 +122,10 @@ def test_on_exit_is_sent_once_per_verdict_and_launch(work):
     """A watchdog restarted on a run that already ended says the same verdict but wakes nobody a second
     time (no endless resume loop); a relaunch is a new launch, whose verdict is sent."""
     run = work / "run"
-    launch(work, run, "--nan-at", "60", "--dt", "0.02")
+    launched(work, run, "--nan-at", "60", "--dt", "0.02")
     wake = ["--poll", "0.3", "--on-exit", "echo \"$SUPERVISE_VERDICT\" >> woke.txt"]
     rc, first, _ = run_script("watchdog.py", run, *wake, cwd=work, timeout=BOUND)
-    assert rc == 7 and first.startswith("ANOMALY nan: ")
+    assert rc == 7 and kind_of(first) == "nan", first
     wait_for(lambda: (work / "woke.txt").exists(), "the first wake")
     rc, again, err = run_script("watchdog.py", run, *wake, cwd=work, timeout=BOUND)
     assert rc == 7 and again == first and "--on-exit not run again: it ran for ANOMALY nan of pid " in err, err
@@ -160,7 +160,7 @@ def test_a_launch_refuses_a_live_trainer_nobody_launched_and_replace_stops_it(wo
 
 def test_replace_stops_a_hung_launched_trainer_and_records_why(work):
     run = work / "run"
-    first = launch(work, run, "--steps", "100000")
+    first = launched(work, run, "--steps", "100000")
     os.kill(first["pid"], signal.SIGSTOP)  # hung: SIGTERM alone cannot end it
     rc, out, err = run_script("launch.py", run, "--replace", "--grace", "1s", "--", sys.executable, "-u", LOOP,
                               "--out", run, cwd=work)

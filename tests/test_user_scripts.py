@@ -12,23 +12,28 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, verdict_of
-from launching import run_relaunch
-from supervised import attempts, records
+from conftest import ROOT, attempts, end_group, launch_line, missing, need, records, run_relaunch, shell, verdict_of, \
+    wait_for
 from supervise.guard import Call, decide
 from supervise.recovery import relaunch_plan
 from supervise.vocabulary import QUIET
 
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
+need("torch")
+need("transformers")
 USER = ROOT / "tests" / "user_scripts"
-ENV = {**os.environ, "PYTHONPATH": str(ROOT), "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"]}
+
+
+def env() -> dict:
+    """An activated venv with the bundle importable, read when a process starts (so that it
+    carries the test's SUPERVISE_STATE_DIR)."""
+    return {**os.environ, "PYTHONPATH": str(ROOT), "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"]}
+
+
 WAIT = 400  # seconds: generous, for a machine with every core busy
 HF_ARGS = ["--eval_strategy", "steps", "--eval_steps", "20", "--save_steps", "20", "--logging_steps", "10",
            "--report_to", "none", "--max_steps", "80"]
@@ -75,28 +80,19 @@ def command(s: Script, run: str, extra=None) -> list:
 
 def launch(job: Path, s: Script, extra=None) -> subprocess.Popen:
     """The documented launch line, through a shell, output appended to run/train.log."""
-    env = " ".join(f"{k}={v}" for k, v in {"PYTHONUNBUFFERED": "1", **QUIET, **(extra or {}).get("env", {})}.items())
-    line = f"cd {shlex.quote(str(job))} && mkdir -p run && {env} {shlex.join(command(s, 'run', extra))} >> run/train.log 2>&1"
-    return subprocess.Popen(["bash", "-c", line], env=ENV, start_new_session=True)
+    variables = {"PYTHONUNBUFFERED": "1", **QUIET, **(extra or {}).get("env", {})}
+    return shell(launch_line(command(s, "run", extra), "run", cd=job, env=variables), env=env())
 
 
-def wait_for(run: Path, pred, proc, what: str):
-    end = time.time() + WAIT
-    while time.time() < end:
-        if pred(records(run)):
-            return
-        if proc.poll() is not None and not pred(records(run)):
-            break
-        time.sleep(0.05)
-    log = (run / "train.log").read_text()[-3000:] if (run / "train.log").exists() else ""
-    raise AssertionError(f"{what} never happened (trainer rc {proc.poll()}); train.log:\n{log}")
+def log_tail(run: Path) -> str:
+    return "train.log:\n" + ((run / "train.log").read_text()[-3000:] if (run / "train.log").exists() else "")
 
 
 def run_line(line: str, run: Path) -> dict:
     """The relaunch line as the agent runs it: verbatim, through a shell (it passes the launch
     guard and returns at once); the relaunched trainer followed to its end. Its launch record."""
     assert "\n" not in line and decide(Call("Bash", line, background=True)) is None, line
-    return run_relaunch(line, run, env=ENV, timeout=WAIT)
+    return run_relaunch(line, run, env=env(), timeout=WAIT)
 
 
 def table_row(script, what, resumed_at, cmd):
@@ -107,10 +103,9 @@ def table_row(script, what, resumed_at, cmd):
 def test_smoke_passes_on_the_integrated_script(s, tmp_path):
     run = tmp_path / "run"
     extra = s.alive  # slow enough that the smoke's kill lands after the first checkpoint
-    env = {**ENV, **extra.get("env", {})}
     cmd = command(s, str(run), extra)
     p = subprocess.run([sys.executable, str(ROOT / "scripts" / "smoke.py"), str(run), "--", *cmd],
-                       capture_output=True, text=True, env=env, timeout=2 * WAIT)
+                       capture_output=True, text=True, env={**env(), **extra.get("env", {})}, timeout=2 * WAIT)
     rows = {ln[6:22].strip(): (ln[:4], ln[23:]) for ln in p.stdout.splitlines() if ln[:4] in ("PASS", "FAIL", "SKIP")}
     failed = {k for k, (mark, _) in rows.items() if mark == "FAIL"}
     assert failed == set(s.smoke_fails), p.stdout + p.stderr[-2000:]
@@ -131,13 +126,12 @@ def test_after_a_sigkill_the_relaunch_line_continues_from_a_checkpoint(s, tmp_pa
     run = tmp_path / "run"
     first = launch(tmp_path, s, s.alive)
     try:  # past the second save (step 40): the first step after the relaunch lies beyond the first (20)
-        wait_for(run, lambda rs: any(r.get("step", 0) >= 50 and "loss" in r for r in rs), first, "a step after 40")
+        wait_for(lambda: any(r.get("step", 0) >= 50 and "loss" in r for r in records(run)), "a step after 40",
+                 timeout=WAIT, proc=first, why=lambda: log_tail(run))
         os.kill(attempts(run)[0][0]["pid"], signal.SIGKILL)
         first.wait(timeout=60)
     finally:
-        if first.poll() is None:
-            os.killpg(first.pid, signal.SIGKILL)
-            first.wait()
+        end_group(first)
     start = attempts(run)[-1][0]
     line, note = relaunch_plan(start, verdict_of("dead"), run)
     run_line(line, run)
@@ -206,7 +200,7 @@ def test_the_hf_recipe_follows_the_scripts_spelling(tmp_path):
     (tmp_path / "cfg.json").write_text(json.dumps({"output_dir": "run2", "do_train": True, "max_steps": 2,
                                                    "report_to": "none", "save_strategy": "no"}))
     p = subprocess.run([sys.executable, "-u", str(USER / "run_classification.py"), "cfg.json"], cwd=tmp_path,
-                       env=ENV, capture_output=True, text=True, timeout=WAIT)
+                       env=env(), capture_output=True, text=True, timeout=WAIT)
     assert p.returncode == 0, p.stderr[-2000:]
     start = attempts(tmp_path / "run2")[0][0]
     assert start["resume"] is None and start["flags"] is None
@@ -218,13 +212,12 @@ def test_a_torchrun_run_is_relaunched_with_its_own_launcher(tmp_path):
     relaunch line, run literally, starts the same two processes again."""
     torchrun = Path(sys.executable).with_name("torchrun")
     if not torchrun.exists():
-        pytest.skip("torchrun is not installed next to this Python")
+        missing(f"torchrun is not installed next to this Python ({torchrun}): torch's install puts it there")
     run = tmp_path / "run"
     loop = ["--standalone", "--nproc_per_node", "2", str(ROOT / "tests" / "ddp_loop.py"), "--out", str(run),
             "--steps", "6", "--step-time", "0"]
-    env = " ".join(f"{k}={v}" for k, v in {"PYTHONUNBUFFERED": "1", **QUIET}.items())
-    line = f"mkdir -p {run} && {env} {torchrun} {shlex.join(loop)} >> {run}/train.log 2>&1"
-    assert subprocess.run(["bash", "-c", line], env=ENV, timeout=WAIT).returncode == 0, \
+    line = launch_line([torchrun, *loop], run, env={"PYTHONUNBUFFERED": "1", **QUIET})
+    assert subprocess.run(["bash", "-c", line], env=env(), timeout=WAIT).returncode == 0, \
         (run / "train.log").read_text()[-3000:]
     (a1,) = attempts(run)
     exe, *head = a1[0]["launcher"]

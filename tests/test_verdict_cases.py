@@ -8,61 +8,28 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 
 import pytest
 
-from conftest import FAKE, read_json, run_script, start_script
+from conftest import ROOT, fake_line, kind_of, launch_line, procs_with, read_json, run_script, start_script, \
+    step_of, wait_for, wait_for_lines, wait_for_polls, watchdog_state
 
-LINE = re.compile(r"^ANOMALY (?P<kind>[a-z_]+): .+ at step (?P<step>\d+)\. .+\.$")
 FAST = ("--poll", "0.2")
 
 
-def shell(cmd):
-    return subprocess.Popen(cmd, shell=True, start_new_session=True)
-
-
-def fake(run_dir, *args, out=None):
-    """The fake trainer through a shell; its output goes to ``out`` (train.log by default)."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    out = out or run_dir / "train.log"
-    return shell(f"{sys.executable} -u {FAKE} {run_dir} {' '.join(map(str, args))} >> {out} 2>&1")
-
-
-@pytest.fixture
-def procs():
-    made = []
-    yield made
-    for p in made:
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        p.wait()
-
-
-def wait_lines(path, n, timeout=60):
-    end = time.time() + timeout
-    while time.time() < end:
-        if path.exists() and path.read_bytes().count(b"\n") >= n:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{path} never reached {n} lines")
-
-
 @pytest.mark.parametrize("how", ["nohup_other_log", "start_record_on_another_host"])
-def test_a_healthy_run_not_visible_here_is_not_dead(how, tmp_path, procs):
+def test_a_healthy_run_not_visible_here_is_not_dead(how, tmp_path, shells):
     """Case 1: the records keep arriving; no process writes train.log (or the start record names
     another host). The watchdog judges by the records and ends OK done, never dead."""
     run = tmp_path / "run"
     if how == "nohup_other_log":
-        procs.append(fake(run, "--records", 150, "--dt", 0.05, "--no-start", out=tmp_path / "out.log"))  # the seed's format
+        shells(fake_line(run, "--records", 150, "--dt", 0.05, "--no-start", out=tmp_path / "out.log"))  # the seed's format
     else:
-        procs.append(fake(run, "--records", 150, "--dt", 0.05, "--host", "node-b", out=tmp_path / "out.log"))
+        shells(fake_line(run, "--records", 150, "--dt", 0.05, "--host", "node-b", out=tmp_path / "out.log"))
     wd = start_script("watchdog.py", run, *FAST)
-    wait_lines(run / "metrics.jsonl", 20)
+    wait_for_lines(run / "metrics.jsonl", 20)
     rc, out, _ = run_script("checkin.py", run)
     assert out.startswith("RUNNING healthy"), out
     assert "note: process not visible here:" in out, out
@@ -72,34 +39,32 @@ def test_a_healthy_run_not_visible_here_is_not_dead(how, tmp_path, procs):
     assert wd.returncode == 0 and out.startswith("OK done: final_val_metrics.json written at step 1500"), out + err
 
 
-def test_nan_then_a_sentinel_never_ends_ok_done_even_with_poll_30(tmp_path, procs):
+def test_nan_then_a_sentinel_never_ends_ok_done_even_with_poll_30(tmp_path, shells):
     """Case 2: NaN from step 60, the run goes on and writes its sentinel between two polls of
     --poll 30: the verdict is nan, as it is for a watchdog attached after the end."""
     run = tmp_path / "run"
     run.mkdir()
     wd = start_script("watchdog.py", run, "--poll", "30")
-    time.sleep(1.0)   # its first poll finds nothing; the next is 30 s later
-    p = fake(run, "--records", 20, "--dt", 0.02, "--nan-at", 60)
-    procs.append(p)
+    wait_for_polls(run, 1, wd)   # its first poll found nothing; the next is 30 s later
+    p = shells(fake_line(run, "--records", 20, "--dt", 0.02, "--nan-at", 60))
     assert p.wait(timeout=60) == 0 and (run / "final_val_metrics.json").exists()
     out, err = wd.communicate(timeout=90)
-    assert wd.returncode == 7 and LINE.match(out.strip())["kind"] == "nan", out + err
-    assert LINE.match(out.strip())["step"] == "60", out
+    assert wd.returncode == 7 and kind_of(out) == "nan" and step_of(out) == 60, out + err
     rc, late, err = run_script("watchdog.py", run, "--poll", "30", timeout=60)  # attached after the end
     assert rc == 7 and late.split(" at step")[0] == out.split(" at step")[0], late + err
 
 
 @pytest.mark.parametrize("history", ["old_sentinel", "old_nan"])
-def test_a_watchdog_beside_a_relaunch_judges_the_new_attempt(history, tmp_path, procs):
+def test_a_watchdog_beside_a_relaunch_judges_the_new_attempt(history, tmp_path, shells):
     """Case 3: relaunched into a folder whose last attempt finished (or ended in nan), the new
     trainer loading for 3 s before its start record: neither the old sentinel nor the old nan
     decides; the new attempt ends OK done."""
     run = tmp_path / "run"
     old = ("--run-id", "old") + (("--nan-at", 50, "--no-sentinel") if history == "old_nan" else ())
-    p = fake(run, "--records", 10, "--dt", 0.01, *old)
+    p = shells(fake_line(run, "--records", 10, "--dt", 0.01, *old))
     assert p.wait(timeout=60) == 0
     time.sleep(2.5)  # a process start time is known to about a second (the kernel's boot time is whole seconds)
-    procs.append(fake(run, "--silent-start", 3, "--records", 30, "--dt", 0.03, "--run-id", "new"))
+    shells(fake_line(run, "--silent-start", 3, "--records", 30, "--dt", 0.03, "--run-id", "new"))
     rc, out, err = run_script("watchdog.py", run, *FAST, timeout=90)
     assert rc == 0 and out.startswith("OK done: final_val_metrics.json written at step 300/300"), out + err
 
@@ -119,22 +84,22 @@ def test_a_null_loss_in_the_middle_of_a_12_mb_file_is_found_on_reattach(tmp_path
     rc, out, err = run_script("watchdog.py", run, *FAST, timeout=60)
     assert rc == 7 and out.startswith(f"ANOMALY nan: loss = null is not finite at step {n // 2}."), out + err
     rc, out, err = run_script("checkin.py", run)
-    assert out.startswith("ANOMALY nan"), out
+    assert out.startswith("ANOMALY nan  "), out
 
 
-def test_a_crash_before_the_watchdog_starts_is_named_at_once(tmp_path):
+def test_a_crash_before_the_watchdog_starts_is_named_at_once(tmp_path, shells):
     """Case 5: the traceback is in train.log, newer than any start record, and no process lives:
     a verdict at the first poll (plus the 2 s relaunch grace), not after a 10 s orphan grace."""
     run = tmp_path / "run"
     bad = tmp_path / "train.py"
     bad.write_text("import sys\nsys.argv.append('x')\nraise FileNotFoundError('data/train.jsonl')\n")
     run.mkdir()
-    p = shell(f"{sys.executable} -u {bad} >> {run}/train.log 2>&1")
+    p = shells(launch_line([sys.executable, "-u", bad], run))
     p.wait(timeout=60)
     t0 = time.time()
     rc, out, err = run_script("watchdog.py", run, "--poll", "30", timeout=60)
     took = time.time() - t0
-    assert rc == 7 and LINE.match(out.strip())["kind"] == "crash", out + err
+    assert rc == 7 and kind_of(out) == "crash", out + err
     assert "FileNotFoundError: data/train.jsonl" in out
     assert took < 20, took  # the relaunch grace is 2 s; the rest is interpreter start-up on a busy machine
 
@@ -162,23 +127,25 @@ if __name__ == "__main__":
 """
 
 
-def test_a_child_ranks_death_is_named_as_its_death_not_a_late_stall(tmp_path, procs):
+def test_a_child_ranks_death_is_named_as_its_death_not_a_late_stall(tmp_path, shells):
     """Case 6: a hand-rolled spawn, no heartbeats; rank 1 (a child of rank 0) is killed and rank 0
     waits for it for ever. The child is named, well before --max-stall."""
     run = tmp_path / "run"
     run.mkdir()
     script = tmp_path / "spawn.py"
-    from conftest import ROOT
     script.write_text(CHILD_RANK.format(root=str(ROOT), metrics=str(run / "metrics.jsonl")))
-    procs.append(shell(f"{sys.executable} -u {script} >> {run}/train.log 2>&1"))
-    wait_lines(run / "metrics.jsonl", 10)
-    wd = start_script("watchdog.py", run, *FAST, "--max-stall", "60")
-    time.sleep(3)  # the watchdog has scanned /proc and follows both processes
+    shells(launch_line([sys.executable, "-u", script], run))
+    wait_for_lines(run / "metrics.jsonl", 10)
     child = int(re.search(r"rank 1 is pid (\d+)", (run / "train.log").read_text()).group(1))
+    wd = start_script("watchdog.py", run, *FAST, "--max-stall", "60")
+    wait_for_polls(run, 1, wd)
+    # the watchdog has scanned /proc and follows both processes
+    wait_for(lambda: child in {p["pid"] for p in watchdog_state(run)["pids"]}, f"the watchdog to follow rank 1 (pid {child})",
+             proc=wd)
     os.kill(child, signal.SIGKILL)
     t0 = time.time()
     out, err = wd.communicate(timeout=120)
-    assert wd.returncode == 7 and LINE.match(out.strip())["kind"] == "dead", out + err
+    assert wd.returncode == 7 and kind_of(out) == "dead", out + err
     assert f"pid {child} (child of " in out, out
     assert time.time() - t0 < 50  # 60 s / 4 of silence after its death, not the 60 s stall
 
@@ -189,16 +156,13 @@ def test_checkin_of_an_empty_path_is_a_usage_error():
     assert rc == 2 and out == "" and "empty path" in err and len(err.strip().splitlines()) == 1, err
 
 
-def test_done_waits_for_the_trainer_to_exit_after_its_sentinel(tmp_path, procs):
+def test_done_waits_for_the_trainer_to_exit_after_its_sentinel(tmp_path, shells):
     """Case 8: the HF callback writes the sentinel at on_train_end, before the script's own final
     save and eval: while the process lives the verdict is FINISHING; done comes with its exit."""
     run = tmp_path / "run"
-    procs.append(fake(run, "--records", 10, "--dt", 0.02, "--linger", 4))
+    shells(fake_line(run, "--records", 10, "--dt", 0.02, "--linger", 4))
     wd = start_script("watchdog.py", run, *FAST)
-    deadline = time.time() + 60
-    while not (run / "final_val_metrics.json").exists():
-        assert time.time() < deadline
-        time.sleep(0.05)
+    wait_for(lambda: (run / "final_val_metrics.json").exists(), "the sentinel")
     rc, out, _ = run_script("checkin.py", run)
     assert out.startswith("FINISHING") and "is finishing" in out, out
     out, err = wd.communicate(timeout=60)
@@ -207,20 +171,21 @@ def test_done_waits_for_the_trainer_to_exit_after_its_sentinel(tmp_path, procs):
     assert read_json(run / "watchdog.json")["last_poll"] >= written + 3.5  # it waited for the exit
 
 
-def test_a_relaunch_that_dies_before_its_start_record_is_named_within_a_poll(tmp_path, procs):
+def test_a_relaunch_that_dies_before_its_start_record_is_named_within_a_poll(tmp_path, shells):
     """A rejected flag: the new process's own error, not the old attempt's death."""
     run = tmp_path / "run"
-    p = fake(run, "--records", 10, "--dt", 0.01, "--run-id", "old", "--exit-at", 50)
+    p = shells(fake_line(run, "--records", 10, "--dt", 0.01, "--run-id", "old", "--exit-at", 50))
     assert p.wait(timeout=60) == 0
     time.sleep(2.5)  # a process start time is known to about a second (the kernel's boot time is whole seconds)
     bad = tmp_path / "train.py"
     bad.write_text("import argparse, time\ntime.sleep(2)\np = argparse.ArgumentParser()\n"
                    "p.add_argument('--lr')\np.parse_args()\n")
-    procs.append(shell(f"{sys.executable} -u {bad} --resume >> {run}/train.log 2>&1"))
-    time.sleep(0.5)  # the documented order: the relaunch line, then the watchdog beside it
+    shells(launch_line([sys.executable, "-u", bad, "--resume"], run))
+    # the documented order: the relaunch line (its process started), then the watchdog beside it
+    wait_for(lambda: procs_with(str(bad)), "the relaunch's process")
     wd = start_script("watchdog.py", run, *FAST)
     out, err = wd.communicate(timeout=60)
-    assert wd.returncode == 7 and LINE.match(out.strip())["kind"] == "crash", out + err
+    assert wd.returncode == 7 and kind_of(out) == "crash", out + err
     assert "unrecognized arguments: --resume" in out and "the relaunch (pid " in out, out
 
 

@@ -4,117 +4,85 @@ old folder, a crash before the first record, a SIGKILL with no start record, bad
 files, signals; and check-in agreeing with the watchdog."""
 import json
 import os
-import re
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 
-from conftest import FAKE, assert_checkin_agrees, read_json, run_script, start_script
-from supervise.contract import atomic_write_json
+from conftest import assert_checkin_agrees, fake_line, kind_of, polls, read_json, run_script, start_script, \
+    wait_for_lines, wait_for_polls
 
-LINE = re.compile(r"^ANOMALY (?P<kind>[a-z_]+): .+ at step (?P<step>\d+)\. .+\.$")
 FAST = ("--poll", "0.2")
 
 
-def launch(run_dir, *args, script=None):
-    """The README's launch: one shell line, output appended to RUN_DIR/train.log."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    argv = " ".join(map(str, args))
-    cmd = f"{sys.executable} -u {script or FAKE} {run_dir} {argv} >> {run_dir}/train.log 2>&1"
-    return subprocess.Popen(cmd, shell=True, start_new_session=True)
-
-
-def kill(p):
-    try:
-        os.killpg(p.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    p.wait()
-
-
-@pytest.fixture
-def procs():
-    made = []
-    yield made
-    for p in made:
-        kill(p)
-
-
-def finished_run(run_dir, *extra):
+def finished_run(shells, run_dir, *extra):
     """A folder that holds a completed run: metrics, sentinel, log."""
-    p = launch(run_dir, "--records", 10, "--dt", 0.01, *extra)
+    p = shells(fake_line(run_dir, "--records", 10, "--dt", 0.01, *extra))
     assert p.wait(timeout=60) == 0
     assert (run_dir / "final_val_metrics.json").exists()
 
 
 @pytest.mark.parametrize("identity", ["run_id", "seed_format_truncating"])
-def test_relaunch_into_a_finished_folder_is_not_ok_done(identity, tmp_path, procs):
+def test_relaunch_into_a_finished_folder_is_not_ok_done(identity, tmp_path, shells):
     run = tmp_path / "run"
     if identity == "run_id":
-        finished_run(run, "--run-id", "old")
+        finished_run(shells, run, "--run-id", "old")
         new = ("--run-id", "new")
     else:
-        finished_run(run, "--no-start")
+        finished_run(shells, run, "--no-start")
         (run / "metrics.jsonl").write_text("")  # the seed's callback truncates at start
         new = ("--no-start",)
     time.sleep(1.1)  # the new records are written at least a second after the old sentinel
-    procs.append(launch(run, "--records", 60, "--dt", 0.05, "--nan-at", 100, "--no-sentinel", "--linger", 60, *new))
+    shells(fake_line(run, "--records", 60, "--dt", 0.05, "--nan-at", 100, "--no-sentinel", "--linger", 60, *new))
     rc, out, err = run_script("watchdog.py", run, *FAST, timeout=60)
-    assert rc == 7 and LINE.match(out.strip())["kind"] == "nan", out + err
+    assert rc == 7 and kind_of(out) == "nan", out + err
 
 
-def test_old_fatal_is_history_for_a_healthy_relaunch(tmp_path, procs):
+def test_old_fatal_is_history_for_a_healthy_relaunch(tmp_path, shells):
     run = tmp_path / "run"
-    p = launch(run, "--records", 20, "--dt", 0.01, "--fatal-at", 50, "--run-id", "old")
+    p = shells(fake_line(run, "--records", 20, "--dt", 0.01, "--fatal-at", 50, "--run-id", "old"))
     p.wait(timeout=60)
-    procs.append(launch(run, "--records", 20, "--dt", 0.03, "--run-id", "new"))
+    shells(fake_line(run, "--records", 20, "--dt", 0.03, "--run-id", "new"))
     rc, out, err = run_script("watchdog.py", run, *FAST, timeout=60)
     assert rc == 0 and out.startswith("OK done: final_val_metrics.json written at step 200/200"), out + err
 
 
-def test_crash_before_the_first_record_is_named_within_seconds(tmp_path, procs):
+def test_crash_before_the_first_record_is_named_within_seconds(tmp_path, shells):
     """A bad flag, a missing data file: the traceback is in train.log at once; the startup grace
     (300 s by default) must not delay the verdict."""
     run = tmp_path / "run"
     bad = tmp_path / "bad_train.py"
     bad.write_text("import sys, time\ntime.sleep(1.0)\nraise FileNotFoundError('data/train.jsonl')\n")
-    procs.append(launch(run, script=bad))
+    shells(fake_line(run, script=bad))
     t0 = time.time()
     rc, out, err = run_script("watchdog.py", run, "--poll", "0.5", timeout=120)
-    assert rc == 7 and LINE.match(out.strip())["kind"] == "crash", out + err
+    assert rc == 7 and kind_of(out) == "crash", out + err
     assert "FileNotFoundError: data/train.jsonl" in out
     assert time.time() - t0 < 60  # not the 300 s startup grace
 
 
-def test_crash_before_the_watchdog_started_is_named_too(tmp_path):
+def test_crash_before_the_watchdog_started_is_named_too(tmp_path, shells):
     run = tmp_path / "run"
     bad = tmp_path / "bad_train.py"
     bad.write_text("raise SystemExit('error: unrecognized arguments: --lrr')\n")
-    p = launch(run, script=bad)
+    p = shells(fake_line(run, script=bad))
     p.wait(timeout=60)
     (run / "train.log").write_text("Traceback (most recent call last):\n  File \"t.py\"\nKeyError: 'label'\n")
     rc, out, err = run_script("watchdog.py", run, "--poll", "0.5", "--orphan-grace", "2", timeout=120)
-    assert rc == 7 and "crash" in out and "KeyError: 'label'" in out, out + err
+    assert rc == 7 and kind_of(out) == "crash" and "KeyError: 'label'" in out, out + err
 
 
-def test_sigkill_without_a_start_record_is_dead_not_a_late_stall(tmp_path, procs):
+def test_sigkill_without_a_start_record_is_dead_not_a_late_stall(tmp_path, shells):
     """The seed's format has no pid anywhere: the process writing train.log is the run."""
     run = tmp_path / "run"
-    p = launch(run, "--records", 5000, "--dt", 0.03, "--no-start")
-    procs.append(p)
+    p = shells(fake_line(run, "--records", 5000, "--dt", 0.03, "--no-start"))
     wd = start_script("watchdog.py", run, "--poll", "0.5", "--max-stall", "300")
-    deadline = time.time() + 60
-    while not (run / "metrics.jsonl").exists() or (run / "metrics.jsonl").stat().st_size < 200:
-        assert time.time() < deadline
-        time.sleep(0.1)
-    time.sleep(1.5)
+    wait_for_lines(run / "metrics.jsonl", 3)
+    wait_for_polls(run, polls(run) + 2, wd)  # a whole poll since the records came: it follows the writer
     t0 = time.time()
     os.killpg(p.pid, signal.SIGKILL)
     out, err = wd.communicate(timeout=60)
-    assert wd.returncode == 7 and LINE.match(out.strip())["kind"] == "dead", out + err
+    assert wd.returncode == 7 and kind_of(out) == "dead", out + err
     assert "writes train.log" in out
     assert time.time() - t0 < 20
     # check-in, run next, agrees: the trainer was a process nobody launched and its records look fresh,
@@ -123,18 +91,18 @@ def test_sigkill_without_a_start_record_is_dead_not_a_late_stall(tmp_path, procs
     assert facts["watchdog"]["verdict"] == "ANOMALY dead" and not facts["watchdog"]["alive"]
 
 
-def test_sigstop_without_a_start_record_is_a_stall_at_once(tmp_path, procs):
+def test_sigstop_without_a_start_record_is_a_stall_at_once(tmp_path, shells):
     run = tmp_path / "run"
-    p = launch(run, "--records", 5000, "--dt", 0.03, "--no-start")
-    procs.append(p)
+    p = shells(fake_line(run, "--records", 5000, "--dt", 0.03, "--no-start"))
     wd = start_script("watchdog.py", run, "--poll", "0.5", "--max-stall", "300")
-    time.sleep(3)
+    wait_for_lines(run / "metrics.jsonl", 3)
+    wait_for_polls(run, polls(run) + 2, wd)  # a whole poll since the records came: it follows the writer
     os.killpg(p.pid, signal.SIGSTOP)
     try:
         out, err = wd.communicate(timeout=60)
     finally:
         os.killpg(p.pid, signal.SIGCONT)
-    assert wd.returncode == 7 and "stall" in out and "state = stopped" in out, out + err
+    assert wd.returncode == 7 and kind_of(out) == "stall" and " state = stopped != running at step " in out, out + err
 
 
 BAD_RECORDS = [
@@ -175,7 +143,7 @@ def test_a_sentinel_still_being_written_is_not_done(content, tmp_path, trainer):
     t.wait_for_line(run / "metrics.jsonl", 3)
     (run / "final_val_metrics.json").write_text(content)
     rc, out, err = run_script("watchdog.py", run, *FAST, "--hard-timeout", "3", timeout=60)
-    assert rc == 7 and out.startswith("ANOMALY timeout"), out + err
+    assert rc == 7 and kind_of(out) == "timeout", out + err
     os.unlink(run / "watchdog.json")  # check-in's own view
     rc, out, _ = run_script("checkin.py", run)
     assert out.startswith("RUNNING healthy"), out
@@ -194,7 +162,9 @@ def test_a_blind_watchdog_says_so(make, tmp_path):
     rc, out, err = run_script("watchdog.py", run, *FAST, timeout=30)
     assert rc == 2 and "not a regular file" in err and len(err.strip().splitlines()) == 1, err
     rc, out, err = run_script("checkin.py", run, timeout=30)
-    assert rc == 0 and "ANOMALY blind" in out and "not a regular file" in out, out + err
+    lines = out.splitlines()
+    assert rc == 0 and lines[0].startswith(f"ANOMALY blind  {run}") and kind_of(lines[1]) == "blind", out + err
+    assert "not a regular file" in lines[1], out
 
 
 def test_blind_watchdog_says_so(tmp_path, trainer):
@@ -202,7 +172,7 @@ def test_blind_watchdog_says_so(tmp_path, trainer):
     t = trainer(run, "--records", 2000, "--dt", 0.03, "--no-sentinel", "--linger", 60)
     t.wait_for_line(run / "metrics.jsonl", 3)
     wd = start_script("watchdog.py", run, *FAST)
-    time.sleep(1.5)
+    wait_for_polls(run, 2, wd)  # it reads the file: the swap happens under a running watch
     os.unlink(run / "metrics.jsonl")
     os.mkfifo(run / "metrics.jsonl")
     out, err = wd.communicate(timeout=30)
@@ -216,7 +186,7 @@ def test_stop_signals_give_one_line_and_save_the_state(sig, tmp_path, trainer):
     t = trainer(run, "--records", 2000, "--dt", 0.03, "--no-sentinel")
     t.wait_for_line(run / "metrics.jsonl", 3)
     wd = start_script("watchdog.py", run, *FAST)
-    time.sleep(1.5)
+    wait_for_polls(run, 2, wd)
     wd.send_signal(sig)
     if sig == signal.SIGINT:
         wd.send_signal(sig)  # a second Ctrl-C while stopping changes nothing
@@ -251,11 +221,11 @@ AGREE = [
 
 
 @pytest.mark.parametrize("name,args,kind", AGREE, ids=[a[0] for a in AGREE])
-def test_checkin_without_a_watchdog_gives_the_watchdogs_kind(name, args, kind, tmp_path, procs):
+def test_checkin_without_a_watchdog_gives_the_watchdogs_kind(name, args, kind, tmp_path, shells):
     run = tmp_path / "run"
-    procs.append(launch(run, "--dt", 0.03, *args))
+    shells(fake_line(run, "--dt", 0.03, *args))
     rc, out, err = run_script("watchdog.py", run, *FAST, timeout=60)
-    assert rc == (7 if kind else 0), out + err
+    assert rc == (7 if kind else 0) and (kind_of(out) == kind if kind else out.startswith("OK done: ")), out + err
     os.unlink(run / "watchdog.json")  # check-in must reach the same verdict on its own
     rc, out, err = run_script("checkin.py", run, "--json")
     facts = json.loads(out)
@@ -271,7 +241,7 @@ def test_checkin_prints_the_relaunch_line_and_the_watchdog_line(tmp_path):
     (run / "metrics.jsonl").write_text(json.dumps(start) + "\n" + step % (10, "0.5") + step % (20, "NaN"))
     rc, out, err = run_script("checkin.py", run)
     lines = out.splitlines()
-    assert lines[0].startswith("ANOMALY nan"), out
+    assert lines[0].startswith(f"ANOMALY nan  {run}") and kind_of(lines[1]) == "nan", out
     nxt = [ln[len("next: "):] for ln in lines if ln.startswith("next: ")]
     assert len(nxt) == 2, out
     assert nxt[0].startswith(f"cd {tmp_path} && ") and "--lr 0.005" in nxt[0] and "--resume" in nxt[0], nxt[0]
@@ -283,10 +253,13 @@ def test_three_relaunches_from_the_same_checkpoint_are_no_progress(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     step = '{"step": %d, "t": 1, "loss": 0.5, "lr": 0.01, "grad_norm": 1.0, "sps": 10}\n'
-    text = '{"event": "start", "t": 0, "attempt": 1}\n' + step % 10 + step % 500
+
+    def start(attempt):  # a writer that declares how to relaunch: only no_progress can withhold the line
+        return json.dumps({"event": "start", "t": 0, "attempt": attempt, "argv": ["train.py", "--out", str(run)],
+                           "cwd": str(tmp_path), "resume": ["--resume"]}) + "\n"
+    text = start(1) + step % 10 + step % 500
     for attempt in (2, 3, 4):  # each relaunch resumed at the same checkpoint and crashed (its FATAL) past it
-        text += '{"event": "start", "t": 0, "attempt": %d}\n' % attempt + step % 510 + \
-            '{"step": 515, "t": 1, "FATAL": "ValueError: bad batch"}\n'
+        text += start(attempt) + step % 510 + '{"step": 515, "t": 1, "FATAL": "ValueError: bad batch"}\n'
     (run / "metrics.jsonl").write_text(text)
     rc, out, err = run_script("watchdog.py", run, *FAST, "--orphan-grace", "30", timeout=60)
     assert rc == 7 and out.startswith("ANOMALY no_progress: relaunches without the checkpoint step moving = 3 >= 3 "
