@@ -238,6 +238,11 @@ def rule_stall(obs, th):
                        "or kill it and relaunch")
     if not obs.has_steps or obs.quiet_since is None or _ended(obs, th) or obs.relaunch is not None:
         return None
+    if obs.slurm_waiting:
+        return None  # queued or requeued: no record is expected until the job runs again
+    if obs.slurm is not None and obs.metrics_mtime is not None and obs.metrics_mtime < obs.started \
+            and obs.now - obs.started <= th.startup_grace:
+        return None  # the job (re)started after its last record: its start-up grace comes first
     if obs.processes and not obs.alive:
         return None  # gone: dead or crash says so
     age = obs.now - obs.quiet_since

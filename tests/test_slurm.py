@@ -282,13 +282,11 @@ def test_once_the_job_runs_the_grace_and_the_stall_limit_count(quiet, kind, tmp_
     assert v.state == "anomaly" and kind_of(v.line) == kind, v
 
 
-@pytest.mark.xfail(strict=True, reason="supervise/judge.py: rule_stall does not look at obs.slurm_waiting (rule_no_telemetry "
-                                       "does), so a job requeued to PENDING after it ran is called a stall once its "
-                                       "records are older than --max-stall")
 def test_a_job_requeued_to_pending_after_it_ran_is_no_stall(tmp_path):
-    """PENDING is no stall (watchdog.py --help) also after a requeue: the records stop while the job waits."""
+    """PENDING is no stall (watchdog.py --help) also after a requeue: the records stop while the job
+    waits; once it runs again its start-up grace comes first, then the stall limit counts."""
     run, clock = tmp_path / "run", Clock()
-    w = watchdog(run, "8", Scheduler(RUNNING, RUNNING, PENDING), clock)
+    w = watchdog(run, "8", Scheduler(RUNNING, RUNNING, *[PENDING] * 5, RUNNING), clock)
     for n in (1, 2):
         clock.now += 10
         write(run, clock, *([start_record(clock)] if n == 1 else []), step(10 * n))
@@ -297,6 +295,13 @@ def test_a_job_requeued_to_pending_after_it_ran_is_no_stall(tmp_path):
         clock.now += 100
         v = w.poll()
         assert (v.state, v.line) == ("watching", ""), v
+    clock.now += 1
+    assert w.poll().state == "watching"   # running again from here, its records 501 s old
+    clock.now += 55
+    assert w.poll().state == "watching", w.verdict   # loading again: within the 60 s start-up grace
+    clock.now += 10
+    v = w.poll()  # 65 s running, no new record, the last 566 s old: past the grace, a stall
+    assert v.state == "anomaly" and kind_of(v.line) == "stall", v
 
 
 # --- a live single-node Slurm -----------------------------------------------------------------
