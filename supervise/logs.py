@@ -215,6 +215,10 @@ def _read_error_file(path) -> Optional[str]:
     return msg.strip().splitlines()[-1].strip()
 
 
+_ENTRY = re.compile(r"^\s*\[\d+\]:\s*$")   # "[0]:", the head of one failure in torchrun's block
+FAILURES_HEAD = "Failures:"
+
+
 def root_cause(lines, error_files: Iterable = ()) -> Optional[RootCause]:
     """Parse the last "Root Cause (first observed failure)" block torchrun printed in ``lines``.
 
@@ -222,17 +226,37 @@ def root_cause(lines, error_files: Iterable = ()) -> Optional[RootCause]:
     it still exists: regular file, bounded read), any of ``error_files`` (e.g. the launch's
     ``$TORCHELASTIC_ERROR_FILE``, into which torchrun copies the child's), the traceback printed in
     the block (workers decorated with ``@record``), the rank's own ``[rankN]:`` traceback earlier
-    in ``lines``. Returns None when there is no such block."""
+    in ``lines``. When the first observed failure is itself fallout (rank 0 aborted on the lost
+    peer before torchrun saw the peer's SIGKILL) and the block's "Failures:" list holds a rank
+    that failed on its own, that rank is the cause. Returns None when there is no such block, or
+    while it is half written (no closing banner and no traceback field yet: the fields come in one
+    order, the traceback last)."""
     lines = [ln.rstrip("\n") for ln in lines]
     try:
         head = max(i for i, ln in enumerate(lines) if ln.strip() == ROOT_HEAD)
     except ValueError:
         return None
+    root = _failure(lines, head + 1, head, error_files)
+    if root is None or not root.fallout:
+        return root
+    try:
+        failures = max(i for i, ln in enumerate(lines[:head]) if ln.strip() == FAILURES_HEAD)
+    except ValueError:
+        return root
+    others = [_failure(lines, i + 1, head, error_files) for i in range(failures + 1, head) if _ENTRY.match(lines[i])]
+    own = [c for c in others if c is not None and not c.fallout and c.signal != "SIGTERM"]
+    return own[0] if own else root
+
+
+def _failure(lines: list, start: int, head: int, error_files: Iterable) -> Optional[RootCause]:
+    """One failure of torchrun's block: its fields from ``lines[start:]`` up to the next banner
+    or entry; ``lines[:head]`` hold the ranks' own output. None while it is half written."""
     fields: dict[str, str] = {}
     tb: list[str] = []
-    in_tb = False
-    for ln in lines[head + 1:]:
-        if BANNER.match(ln):
+    in_tb = closed = False
+    for ln in lines[start:]:
+        if BANNER.match(ln) or (_ENTRY.match(ln) and fields):
+            closed = True
             break
         if in_tb:  # the traceback is the block's last field: the rest is its text
             if ln.strip():
@@ -244,6 +268,8 @@ def root_cause(lines, error_files: Iterable = ()) -> Optional[RootCause]:
             fields.setdefault(m.group(1), m.group(2).strip())
             if in_tb and m.group(2).strip():
                 tb.append("  " + m.group(2).strip())
+    if not closed and not fields.get("traceback"):
+        return None   # torchrun is still writing the block: read it whole on the next poll
     rank = local_rank = exitcode = pid = None
     signal = None
     m = _RANK.search(fields.get("rank", ""))

@@ -37,8 +37,10 @@ def installed(tmp_path_factory):
 
 
 def run(installed, *cmd, cwd):
+    """``cmd`` with the installed package first on the paths, and the test's SUPERVISE_STATE_DIR (the
+    module's environment was read before the first test set it: the real registry otherwise)."""
     return subprocess.run(list(map(str, cmd)), capture_output=True, text=True, timeout=120, cwd=cwd,
-                          env=installed[1])
+                          env={**installed[1], "SUPERVISE_STATE_DIR": os.environ["SUPERVISE_STATE_DIR"]})
 
 
 def test_the_installed_package_is_the_one_that_runs(installed, tmp_path):

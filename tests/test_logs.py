@@ -31,6 +31,35 @@ def test_root_cause_of_real_torchrun_logs(log, rank, exitcode, signal, message):
         assert not cause.fallout
 
 
+@pytest.mark.parametrize("field", ["time", "host", "rank", "exitcode", "error_file"])
+def test_a_block_torchrun_is_still_writing_is_no_cause_yet(field):
+    """Read mid-write (the watchdog polls while torchrun prints): no cause until the rank is known,
+    so a poll never names a rank the finished block does not."""
+    text = lines("torchrun_sigkill.log")
+    head = text.index("Root Cause (first observed failure):")
+    cut = text[:next(i for i, ln in enumerate(text) if i > head and ln.strip().startswith(field))]
+    assert any(ln.strip() == "Root Cause (first observed failure):" for ln in cut)
+    assert root_cause(cut) is None
+    assert root_cause(text).rank == 1
+
+
+def test_a_fallout_first_failure_yields_to_the_rank_that_failed_on_its_own():
+    """Rank 1 SIGKILLed; rank 0's gloo aborts (SIGABRT) before torchrun reaps rank 1, so the block's
+    "first observed failure" is rank 0's fallout and rank 1 sits under "Failures:": rank 1 is the cause."""
+    text = lines("torchrun_sigkill.log")
+    head, fails = text.index("Root Cause (first observed failure):"), text.index("Failures:")
+    root, other = text[head + 1:head + 8], text[fails + 1:fails + 8]
+    swapped = (["[rank0]: Traceback (most recent call last):", '[rank0]:   File "ddp_loop.py", line 40, in <module>',
+                "[rank0]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:6272"]
+               + text[:fails + 1] + ["[1]:"] + root[1:] + [text[fails + 8]] + [text[head], "[0]:"]
+               + [ln.replace("-15 (pid: 5830)  (SIGTERM)", "-6 (pid: 5830)  (SIGABRT)").replace("Signal 15 (SIGTERM)", "Signal 6 (SIGABRT)")
+                  for ln in other[1:]] + text[head + 8:])
+    cause = root_cause(swapped)
+    assert (cause.rank, cause.exitcode, cause.signal, cause.fallout) == (1, -9, "SIGKILL", False)
+    alone = [ln for i, ln in enumerate(swapped) if not (fails < i <= fails + 8)]   # no Failures entry: say the fallout
+    assert root_cause(alone).rank == 0 and root_cause(alone).fallout
+
+
 @pytest.mark.parametrize("log, expected", [
     ("torchrun_raise_record.log", "exitcode 1: RuntimeError: injected failure on rank 1 at step 10"),
     ("torchrun_raise_norecord.log", "exitcode 1: RuntimeError: injected failure on rank 1 at step 10"),
