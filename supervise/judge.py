@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from . import ranks as rk, rules as rr
+from . import ranks as rk, rules as rr, stacks as st
 from .checkpoints import remaining_saves, rule_disk as disk_ahead
 from .logs import ENOSPC, enospc_line, is_fallout, last_error, oom_line
 from .observation import Observation, Verdict
@@ -345,6 +345,24 @@ def rule_timeout(obs, th):
                    "best checkpoint, and bench again before relaunching a shorter run")
 
 
+def _stacked(check, keep_fix: bool = False):
+    """A hang kind's check whose line names what the watchdog's capture found (``obs.hang``):
+    where every rank sits and the stacks folder, or why no stack could be taken."""
+    def named(obs, th):
+        found = check(obs, th)
+        if found is None or obs.hang is None:
+            return found
+        tail = f" at step {found.step}. "
+        at = found.message.find(tail)
+        if at < 0:
+            return found
+        what, fix = found.message[len(f"ANOMALY {found.kind}: "):at], found.message[at + len(tail):].rstrip(".")
+        then = fix[0].lower() + fix[1:] if keep_fix and fix else ""
+        return anomaly(found.kind, what, found.step, st.hang_fix(obs.hang, fix, then))
+    named.__name__ = check.__name__
+    return named
+
+
 RULES = (
     Rule("blind", rule_blind, process=True),
     Rule("no_progress", rule_no_progress, escalates=True),
@@ -358,9 +376,9 @@ RULES = (
     Rule("diverged", change="lr", record=rr.Diverged),
     Rule("loss_spike", change="lr", record=rr.LossSpike),
     Rule("dead", _first(rule_slurm("dead"), rule_dead), "same", process=True),
-    Rule("rank_hang", rule_rank_hang, "same", process=True),
-    Rule("stall", rule_stall, "same", process=True),
-    Rule("no_telemetry", rule_no_telemetry, process=True),
+    Rule("rank_hang", _stacked(rule_rank_hang), "same", process=True),
+    Rule("stall", _stacked(rule_stall), "same", process=True),
+    Rule("no_telemetry", _stacked(rule_no_telemetry), process=True),
     Rule("inverted_labels", record=rr.InvertedLabels),
     Rule("stuck_auroc", record=rr.StuckAuroc),
     Rule("chance_loss", record=rr.ChanceLoss),
@@ -370,7 +388,7 @@ RULES = (
     Rule("throughput", record=rr.Throughput),
     Rule("straggler", rule_straggler, "same", process=True),
     Rule("gpu_idle", rule_gpu_idle, "same", process=True),
-    Rule("timeout", _first(rule_slurm("timeout"), rule_timeout), process=True),
+    Rule("timeout", _stacked(_first(rule_slurm("timeout"), rule_timeout), keep_fix=True), process=True),
 )
 # Derived from the one table, never kept beside it:
 BY_KIND = {r.kind: r for r in RULES}
