@@ -489,7 +489,16 @@ def judge(obs: Observation, th: Thresholds) -> Verdict:
         v = _done(obs, notes + ((f"pid {trainer[0].pid} still runs {secs(quiet)} after the sentinel",)
                                 if trainer else ()))
         return Verdict(v.state, v.line, None, v.headline, v.notes, warnings)
-    return Verdict("watching", "", None, _headline(obs), notes, warnings)
+    return Verdict("watching", "", None, _headline(obs), notes, warnings, recheck_in=_stall_due_in(obs))
+
+
+def _stall_due_in(obs: Observation) -> float:
+    """Seconds until the silence passes the stall limit, so that the watchdog looks then rather
+    than up to a poll later (0: no stall is coming: no records yet, a relaunch, nothing alive)."""
+    if not obs.has_steps or obs.quiet_since is None or obs.relaunch is not None or (obs.processes and not obs.alive):
+        return 0.0
+    left = obs.quiet_since + obs.stall_after - obs.now
+    return left + 0.25 if left > 0 else 0.0
 
 
 def _watchdog_verdict(obs: Observation, notes: tuple, warnings: tuple) -> Optional[Verdict]:
