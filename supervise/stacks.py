@@ -57,6 +57,8 @@ COLLECTIVES = {
     "barrier", "monitored_barrier", "reduce", "gather", "gather_object", "scatter", "scatter_object_list",
     "send", "recv", "batch_isend_irecv", "init_process_group", "new_group", "_store_based_barrier"}
 DATALOADER_WAITS = {"_next_data", "__next__", "_get_data", "_try_get_data"}
+SAVES = {"save", "_save", "save_file", "save_pretrained", "save_checkpoint", "_save_checkpoint", "save_model",
+         "save_state", "_save_to_state_dict"}   # torch.save, safetensors, transformers, accelerate, Lightning
 LIBRARY = re.compile(r"[/\\](site|dist)-packages[/\\]|[/\\]lib[/\\]python\d+(\.\d+)*t?[/\\]|^<")
 OURS = str(Path(__file__).resolve().parent) + os.sep
 
@@ -113,6 +115,8 @@ class ProcStack:
         at = user or (coll if coll is not None else self.frames[0])
         if coll is not None:
             return "collective", f"waits in {coll.name} ({at.short})"
+        if any(not f.user and f.name in SAVES for f in self.frames):
+            return "save", f"is saving a checkpoint in {at.func} ({at.short})"
         if any(not f.user and f.name in DATALOADER_WAITS and "dataloader" in f.file for f in self.frames):
             return "dataloader", f"waits on its DataLoader ({at.short})"
         if user is not None:
@@ -138,6 +142,13 @@ class Capture:
     def named(self) -> bool:
         return any(p.frames for p in self.procs)
 
+    @property
+    def saving(self) -> bool:
+        """Every rank (or process) with a stack is in a checkpoint save: slow, perhaps not hung."""
+        heads = [p for p in self.procs if p.role == "rank" and p.frames] or [p for p in self.procs if p.frames]
+        n = sum(p.role == "rank" for p in self.procs)
+        return bool(heads) and all(p.state(n)[0] == "save" for p in heads)
+
     def where(self, limit: int = MAX_WHERE) -> str:
         """Where every rank sits, in one phrase: which ranks wait in a collective and which never
         reached it, the user's frame of each (function, file:line), the DataLoader workers that
@@ -150,7 +161,7 @@ class Capture:
         groups: dict = {}
         for p in heads:
             kind, text = states[p.pid]
-            if waiting and kind in ("user", "library", "dataloader"):
+            if waiting and kind in ("user", "library", "dataloader", "save"):
                 text += ", never reached it"
             groups.setdefault((kind != "collective", text), []).append(p)
         parts = []
@@ -706,6 +717,10 @@ def hang_fix(found: Optional[Capture], fallback: str, then: str = "") -> str:
     capture named frames, why none could be taken when it did not, else ``fallback``."""
     if found is None:
         return fallback
+    if found.named and found.saving:
+        return (f"Stacks: {found.where()}; every stack is in {found.folder}/: a save slower than the learned limit is "
+                "no hang if check-in shows the steps moving again: announce long saves (Telemetry.expect(seconds, "
+                "'save') before them) and start the watchdog again; if the steps stay still, kill the run and relaunch")
     if found.named:
         return (f"Stacks: {found.where()}; every stack is in {found.folder}/: "
                 + (then or "fix that frame (references/recovery.md, hangs), then kill the run and relaunch"))

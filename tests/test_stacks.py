@@ -429,3 +429,13 @@ def test_py_spy_refused_the_line_says_why_and_how_to_allow_it(hung):
     finally:
         shutil.rmtree(run, ignore_errors=True)
         shutil.rmtree(state_dir, ignore_errors=True)
+
+
+def test_a_stall_inside_a_checkpoint_save_says_it_may_be_a_slow_save():
+    saving = (F("_save", "/v/lib/python3.11/site-packages/torch/serialization.py", 900),
+              F("save", "/v/lib/python3.11/site-packages/torch/serialization.py", 850),
+              F("save_checkpoint", "/u/train.py", 88), F("<module>", "/u/train.py", 120))
+    found = st.Capture(0.0, "/r/stacks", (st.ProcStack(1, 0, "rank", frames=saving),))
+    assert found.saving and found.where() == "pid 1 is saving a checkpoint in save_checkpoint (train.py:88)"
+    fix = st.hang_fix(found, "kill it")
+    assert "no hang if check-in shows the steps moving again" in fix and "Telemetry.expect(seconds, 'save')" in fix
