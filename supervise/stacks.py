@@ -144,10 +144,12 @@ class Capture:
 
     @property
     def saving(self) -> bool:
-        """Every rank (or process) with a stack is in a checkpoint save: slow, perhaps not hung."""
+        """A checkpoint save is under way and nothing else holds the run: a rank (or process) is
+        in a save and every other one is in a save too or waits in a collective (for it)."""
         heads = [p for p in self.procs if p.role == "rank" and p.frames] or [p for p in self.procs if p.frames]
         n = sum(p.role == "rank" for p in self.procs)
-        return bool(heads) and all(p.state(n)[0] == "save" for p in heads)
+        kinds = [p.state(n)[0] for p in heads]
+        return "save" in kinds and all(k in ("save", "collective") for k in kinds)
 
     def where(self, limit: int = MAX_WHERE) -> str:
         """Where every rank sits, in one phrase: which ranks wait in a collective and which never

@@ -44,6 +44,7 @@ class Watchdog:
         self.observer = Observer(run_dir, thresholds, **observer)
         self.stacks, self.native = stacks, native   # capture a hang's stacks (py-spy --native when native)
         self.capture: Optional[st.Capture] = None
+        self.saving: Optional[float] = None         # quiet_since of the silence the stacks showed a save in
         self.th = thresholds
         self.run_dir = self.observer.run_dir
         self.verdict = Verdict("watching")
@@ -54,15 +55,32 @@ class Watchdog:
         self._me = process(os.getpid()).create_time
 
     def poll(self) -> Verdict:
-        obs = self.observer.observe()
+        obs = self._while_saving(self.observer.observe())
         self.verdict = judge(obs, self.th)
         if self.stacks and st.is_hang(self.verdict, obs):
             # the stacks of every process, before the line: then the one verdict names the frames
-            self.capture = st.capture(self.run_dir, st.targets(obs), native=self.native)
-            obs = self.observer.last = dataclasses.replace(obs, hang=self.capture)
-            self.verdict = judge(obs, self.th)
+            found = st.capture(self.run_dir, st.targets(obs), native=self.native)
+            if found.saving and self.verdict.kind == "stall" and obs.stall_after < self.th.max_stall:
+                self.saving = obs.quiet_since   # the stacks announce the pause, as expect() would
+                obs = self._while_saving(obs)
+                self.verdict = judge(obs, self.th)
+            if self.verdict.state == "anomaly":
+                self.capture = found
+                obs = dataclasses.replace(obs, hang=found)
+                self.verdict = judge(obs, self.th)
+        self.observer.last = obs
         self.save()
         return self.verdict
+
+    def _while_saving(self, obs):
+        """The silence in which the stacks showed a checkpoint save (and nothing else holding
+        the run) is a stall only after --max-stall, like an announced save."""
+        if self.saving is None or obs.quiet_since != self.saving:
+            self.saving = None
+            return obs
+        if obs.stall_after >= self.th.max_stall:
+            return obs
+        return dataclasses.replace(obs, stall_after=self.th.max_stall, stall_why=" (the stacks showed a checkpoint save)")
 
     def stop(self, signame: str) -> Verdict:
         o = self.observer

@@ -3,6 +3,7 @@
     python tests/hang_loop.py RUN_DIR --mode plain  --hang-at 8    # Telemetry; blocks in fetch_shard()
     python tests/hang_loop.py RUN_DIR --mode loader --hang-at 8    # a DataLoader (num_workers=2) whose __getitem__ blocks
     python tests/hang_loop.py RUN_DIR --mode bare   --hang-at 8    # no integration: records written by hand
+    python tests/hang_loop.py RUN_DIR --mode save   --hang-at 30   # evals at 10 and 20; torch.save that never ends
 
 Each step record is written every --dt seconds; at step --hang-at the loop blocks forever in the
 user's own function (a queue nobody fills), as a shard download or a lock would.
@@ -71,16 +72,36 @@ def loader(a):
             tm.step(step, float(batch.float().mean()) / 1e4, lr=0.1, grad_norm=1.0)
 
 
+def save(a):
+    """A slow checkpoint save (torch.save into a pipe nobody reads: it never ends), not on an eval."""
+    import torch
+    from supervise.telemetry import Telemetry
+    fifo = os.path.join(a.run_dir, "ckpt.fifo")
+    os.mkfifo(fifo)
+
+    def save_checkpoint(step):
+        torch.save({"step": step}, fifo)
+
+    with Telemetry(a.run_dir, total_steps=1000, batch_size=8) as tm:
+        for step in range(1, 1001):
+            if step == a.hang_at:
+                save_checkpoint(step)
+            time.sleep(a.dt)
+            tm.step(step, 0.5, lr=0.1, grad_norm=1.0)
+            if step % 10 == 0:
+                tm.eval(step, loss=0.4)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("run_dir")
-    p.add_argument("--mode", choices=("plain", "loader", "bare"), default="plain")
+    p.add_argument("--mode", choices=("plain", "loader", "bare", "save"), default="plain")
     p.add_argument("--hang-at", type=int, default=8)
     p.add_argument("--dt", type=float, default=0.05)
     a = p.parse_args()
     os.makedirs(a.run_dir, exist_ok=True)
     print(f"pid {os.getpid()} mode {a.mode}", flush=True)
-    {"plain": plain, "bare": bare, "loader": loader}[a.mode](a)
+    {"plain": plain, "bare": bare, "loader": loader, "save": save}[a.mode](a)
 
 
 if __name__ == "__main__":

@@ -439,3 +439,22 @@ def test_a_stall_inside_a_checkpoint_save_says_it_may_be_a_slow_save():
     assert found.saving and found.where() == "pid 1 is saving a checkpoint in save_checkpoint (train.py:88)"
     fix = st.hang_fix(found, "kill it")
     assert "no hang if check-in shows the steps moving again" in fix and "Telemetry.expect(seconds, 'save')" in fix
+
+
+def test_a_slow_save_the_stacks_show_waits_for_max_stall(tmp_path, hung):
+    """A save on its own schedule, unannounced, outlasts the learned limit (--min-stall 5 s): the
+    stacks show a checkpoint save, so the watchdog waits up to --max-stall (15 s) as for an
+    announced save, and only then says stall, naming the save."""
+    from conftest import need
+    need("torch")
+    hung(tmp_path, "save", "--hang-at", 30)
+    wait_for_lines(tmp_path / "metrics.jsonl", 3, timeout=120)
+    rc, line, state, ended = watch(tmp_path, "--min-stall", "5", "--max-stall", "15")
+    m = anomaly_line(line)
+    assert rc == 7 and m["kind"] == "stall" and int(m["step"]) == 29, line
+    assert "> 15s (the stacks showed a checkpoint save) at step 29" in line, line
+    assert "is saving a checkpoint in save_checkpoint (hang_loop.py:" in line and "no hang if check-in" in line, line
+    last = max(r["t"] for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines()) if "t" in r)
+    start = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])["time"]
+    assert ended - (start + last) >= 15   # never before --max-stall of silence
+    assert_captured(tmp_path, line, state, ended, how="faulthandler")
