@@ -458,3 +458,13 @@ def test_a_slow_save_the_stacks_show_waits_for_max_stall(tmp_path, hung):
     start = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])["time"]
     assert ended - (start + last) >= 15   # never before --max-stall of silence
     assert_captured(tmp_path, line, state, ended, how="faulthandler")
+
+
+def test_a_live_process_past_no_telemetry_is_named_too(tmp_path, hung):
+    """Blocked before its first step record: no_telemetry, and the line says where it sits."""
+    h = hung(tmp_path, "plain", "--hang-at", 1)
+    wait_for(lambda: list((tmp_path / "stacks" / ".live").glob("pid-*.txt")), "the trainer's registration")
+    rc, line, state, ended = watch(tmp_path, "--startup-grace", "3")
+    assert rc == 7 and kind_of(line) == "no_telemetry", line
+    assert f"Stacks: pid {h.proc.pid} is in fetch_shard (hang_loop.py:23)" in line, line
+    assert_captured(tmp_path, line, state, ended, how="faulthandler")
