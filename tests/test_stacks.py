@@ -23,6 +23,15 @@ from supervise import stacks as st
 from supervise.telemetry import stack_signal
 
 HANG = ROOT / "tests" / "hang_loop.py"
+# the line fetch_shard blocks on: the frame every stack of the plain loop must name
+
+
+def line_of(marker: str) -> int:
+    """The line of hang_loop.py that holds ``marker``: the frame a stack must name."""
+    return next(n for n, ln in enumerate(HANG.read_text().splitlines(), 1) if marker in ln)
+
+
+FETCH = f"fetch_shard (hang_loop.py:{line_of('the plain loop')})"
 LOOP = ROOT / "tests" / "ddp_loop.py"
 FAST = ("--poll", "0.2", "--max-stall", "4")
 EXIT_AFTER_VERDICT = 10.0   # s: the capture's deadline is 4 s; the rest is printing and exiting
@@ -328,7 +337,7 @@ def test_a_plain_loop_blocked_in_a_user_function_is_named(tmp_path, hung):
     wait_for_lines(tmp_path / "metrics.jsonl", 3)
     rc, line, state, ended = watch(tmp_path)
     assert rc == 7 and kind_of(line) == "stall", line
-    assert f"Stacks: pid {h.proc.pid} is in fetch_shard (hang_loop.py:23)" in anomaly_line(line)["fix"], line
+    assert f"Stacks: pid {h.proc.pid} is in {FETCH}" in anomaly_line(line)["fix"], line
     assert str(tmp_path / "stacks") in line
     assert_captured(tmp_path, line, state, ended, how="faulthandler")
     assert h.proc.poll() is None   # the dump did not end it
@@ -350,7 +359,7 @@ def test_a_dataloader_worker_blocked_in_getitem_is_named(tmp_path, hung):
     rc, line, state, ended = watch(tmp_path)
     assert rc == 7 and kind_of(line) == "stall", line
     m = re.search(rf"pid {h.proc.pid} waits on its DataLoader \(hang_loop\.py:\d+\); its DataLoader worker pid "
-                  r"(\d+) is in __getitem__ \(hang_loop\.py:58\)", line)
+                  rf"(\d+) is in __getitem__ \(hang_loop\.py:{line_of('the worker')}\)", line)
     assert m, line
     files = [Path(f).name for f in state["stacks"]["files"]]
     assert any(f.endswith(f"-rank0-worker-pid{m[1]}.txt") for f in files) and len(files) == 3, files   # main + 2 workers
@@ -392,7 +401,7 @@ def test_a_process_without_the_integration_is_named_by_py_spy(tmp_path, hung):
     wait_for_lines(tmp_path / "metrics.jsonl", 3)
     rc, line, state, ended = watch(tmp_path)
     assert rc == 7 and kind_of(line) == "stall", line
-    assert f"Stacks: pid {h.proc.pid} is in fetch_shard (hang_loop.py:23)" in line, line
+    assert f"Stacks: pid {h.proc.pid} is in {FETCH}" in line, line
     assert_captured(tmp_path, line, state, ended, how="py-spy")
     assert h.proc.poll() is None and not (tmp_path / "stacks" / ".live").exists()
 
@@ -466,5 +475,5 @@ def test_a_live_process_past_no_telemetry_is_named_too(tmp_path, hung):
     wait_for(lambda: list((tmp_path / "stacks" / ".live").glob("pid-*.txt")), "the trainer's registration")
     rc, line, state, ended = watch(tmp_path, "--startup-grace", "3")
     assert rc == 7 and kind_of(line) == "no_telemetry", line
-    assert f"Stacks: pid {h.proc.pid} is in fetch_shard (hang_loop.py:23)" in line, line
+    assert f"Stacks: pid {h.proc.pid} is in {FETCH}" in line, line
     assert_captured(tmp_path, line, state, ended, how="faulthandler")
