@@ -149,7 +149,20 @@ def gather(run_dir: Path, k: int = 5, now: Optional[float] = None, gpu=None) -> 
         "disk": obs.disk.line() if obs.disk is not None else None,
         "resume": _resume(obs),
         "last_error": obs.last_error,
+        "stacks": _stacks(wd.stacks if wd is not None and verdict.state == "anomaly" else None),
     }
+
+
+def _stacks(found) -> Optional[str]:
+    """The watchdog's capture of the hang: how many files, where (the line names the frames)."""
+    if not isinstance(found, dict) or not isinstance(found.get("folder"), str):
+        return None
+    files = [f for f in found.get("files") or [] if isinstance(f, str)]
+    if not files:
+        return f"stacks: none taken ({str(found.get('why_none') or '?')[:300]})"
+    stamp = os.path.basename(files[0]).split("-", 1)[0]
+    return (f"stacks: {len(files)} file{'s' if len(files) > 1 else ''} (one per process) in {found['folder']}/ "
+            f"from {stamp}, the full stacks of the frames named above")
 
 
 def render(f: dict, limit: int = LIMIT) -> str:
@@ -157,7 +170,9 @@ def render(f: dict, limit: int = LIMIT) -> str:
     age = f"metrics {_age(f['metrics_age_s'])} old" if f["metrics_age_s"] is not None else "no metrics.jsonl"
     head = [f"{f['verdict']}  {f['run_dir']}  ({age})"]
     if f["watchdog_message"]:
-        head.append(f["watchdog_message"][:400])
+        head.append(f["watchdog_message"][:700])
+        if f.get("stacks"):
+            head.append(f["stacks"])
     elif f["fatal"]:
         head.append(f"FATAL: {f['fatal'][:300]}")
     head += [f"note: {x}" for x in f.get("notes") or []]
@@ -279,7 +294,7 @@ def bounded_json(facts: dict, limit: int = LIMIT) -> str:
             facts[name] = facts[name][1:]
             text = json.dumps(facts, default=str)
     for name in ("final", "best_eval", "eval", "last_error", "process", "watchdog", None, "time_limit",
-                 "loss_trend", "slurm", "resume", "disk", "notes", "watchdog_message"):  # the verdict's line last
+                 "loss_trend", "slurm", "resume", "disk", "stacks", "notes", "watchdog_message"):  # the verdict's line last
         if len(text) <= limit:
             break
         if name is None:  # before the last words go, the empty fields do, and then each dropped one

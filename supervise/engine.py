@@ -321,7 +321,7 @@ class Observer:
         return WatchdogSeen(pid=wd.watchdog_pid, alive=alive, state=wd.state, last_poll=wd.last_poll,
                             argv=tuple(wd.argv), ended=ended, same_attempt=same, ended_by=wd.ended_by or "",
                             kind=wd.kind, step=wd.step, message=wd.message or "", headline=wd.headline or "",
-                            bad_lines=bad if is_count(bad) else None)
+                            bad_lines=bad if is_count(bad) else None, stacks=wd.stacks)
 
     def observe(self) -> Observation:
         """One poll: fold the new records, look at the processes, the ranks, the scheduler, the

@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from . import ranks as rk, rules as rr
+from . import ranks as rk, rules as rr, stacks as st
 from .checkpoints import remaining_saves, rule_disk as disk_ahead
 from .logs import ENOSPC, enospc_line, is_fallout, last_error, oom_line
 from .observation import Observation, Verdict
@@ -350,6 +350,24 @@ def rule_timeout(obs, th):
                    "best checkpoint, and bench again before relaunching a shorter run")
 
 
+def _stacked(check, keep_fix: bool = False):
+    """A hang kind's check whose line names what the watchdog's capture found (``obs.hang``):
+    where every rank sits and the stacks folder, or why no stack could be taken."""
+    def named(obs, th):
+        found = check(obs, th)
+        if found is None or obs.hang is None:
+            return found
+        tail = f" at step {found.step}. "
+        at = found.message.find(tail)
+        if at < 0:
+            return found
+        what, fix = found.message[len(f"ANOMALY {found.kind}: "):at], found.message[at + len(tail):].rstrip(".")
+        then = fix[0].lower() + fix[1:] if keep_fix and fix else ""
+        return anomaly(found.kind, what, found.step, st.hang_fix(obs.hang, fix, then))
+    named.__name__ = check.__name__
+    return named
+
+
 RULES = (
     Rule("blind", rule_blind, process=True),
     Rule("no_progress", rule_no_progress, escalates=True),
@@ -363,9 +381,9 @@ RULES = (
     Rule("diverged", change="lr", record=rr.Diverged),
     Rule("loss_spike", change="lr", record=rr.LossSpike),
     Rule("dead", _first(rule_slurm("dead"), rule_dead), "same", process=True),
-    Rule("rank_hang", rule_rank_hang, "same", process=True),
-    Rule("stall", rule_stall, "same", process=True),
-    Rule("no_telemetry", rule_no_telemetry, process=True),
+    Rule("rank_hang", _stacked(rule_rank_hang), "same", process=True),
+    Rule("stall", _stacked(rule_stall), "same", process=True),
+    Rule("no_telemetry", _stacked(rule_no_telemetry), process=True),
     Rule("inverted_labels", record=rr.InvertedLabels),
     Rule("stuck_auroc", record=rr.StuckAuroc),
     Rule("chance_loss", record=rr.ChanceLoss),
@@ -375,7 +393,7 @@ RULES = (
     Rule("throughput", record=rr.Throughput),
     Rule("straggler", rule_straggler, "same", process=True),
     Rule("gpu_idle", rule_gpu_idle, "same", process=True),
-    Rule("timeout", _first(rule_slurm("timeout"), rule_timeout), process=True),
+    Rule("timeout", _stacked(_first(rule_slurm("timeout"), rule_timeout), keep_fix=True), process=True),
 )
 # Derived from the one table, never kept beside it:
 BY_KIND = {r.kind: r for r in RULES}
@@ -476,7 +494,16 @@ def judge(obs: Observation, th: Thresholds) -> Verdict:
         v = _done(obs, notes + ((f"pid {trainer[0].pid} still runs {secs(quiet)} after the sentinel",)
                                 if trainer else ()))
         return Verdict(v.state, v.line, None, v.headline, v.notes, warnings)
-    return Verdict("watching", "", None, _headline(obs), notes, warnings)
+    return Verdict("watching", "", None, _headline(obs), notes, warnings, recheck_in=_stall_due_in(obs))
+
+
+def _stall_due_in(obs: Observation) -> float:
+    """Seconds until the silence passes the stall limit, so that the watchdog looks then rather
+    than up to a poll later (0: no stall is coming: no records yet, a relaunch, nothing alive)."""
+    if not obs.has_steps or obs.quiet_since is None or obs.relaunch is not None or (obs.processes and not obs.alive):
+        return 0.0
+    left = obs.quiet_since + obs.stall_after - obs.now
+    return left + 0.25 if left > 0 else 0.0
 
 
 def _watchdog_verdict(obs: Observation, notes: tuple, warnings: tuple) -> Optional[Verdict]:

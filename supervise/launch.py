@@ -46,7 +46,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from . import registry
+from . import registry, stacks as st
 from .cli import CommandParser, UsageError, duration, front_door, run_dir_arg
 from .contract import atomic_write_json, is_number, why_unreadable, why_unwritable
 from .probes import log_writers, process
@@ -198,10 +198,13 @@ def launch(run_dir, argv: list[str], *, window_s: Optional[float] = None, sessio
         if live:
             replaced = _replace(run, prev, live, grace_s)
             prev = read_launch(run)
+        nccl = st.flight_recorder_env({**env, **extra_env}, run) if st.cuda_machine(env) else {}  # a GPU here
+        if nccl:
+            (run / st.STACKS / st.NCCL).mkdir(parents=True, exist_ok=True)
         log = open(run / LOG, "ab")
         try:
             child = subprocess.Popen(argv, executable=exe, stdin=subprocess.DEVNULL, stdout=log,
-                                     stderr=subprocess.STDOUT, cwd=cwd, env={**env, **ENV, **extra_env},
+                                     stderr=subprocess.STDOUT, cwd=cwd, env={**env, **ENV, **nccl, **extra_env},
                                      start_new_session=True, close_fds=True)
         except OSError as e:
             raise UsageError(f"{argv[0]}: cannot run it ({e.strerror or e}); nothing was started")

@@ -9,7 +9,10 @@ metrics.jsonl, every rank its heartbeat file. Step records every ``every`` optim
 the raw loss (``training_step``'s, before the division by ``accumulate_grad_batches``) and the
 pre-clip gradient norm (read in ``on_before_optimizer_step``); the first non-finite one writes
 FATAL and raises ``FloatingPointError``. Validation metrics become eval records (``val_loss``
-and ``val/loss`` -> ``eval_loss``); the sentinel is written when ``fit`` completes.
+and ``val/loss`` -> ``eval_loss``); the sentinel is written when ``fit`` completes. Long
+silences are announced (``expect``) as the HF callback announces them: each validation after
+the first (max(60 s, 2 x the last one)) and each checkpoint save (max(120 s, 3 x the longest
+save)), so that a save on its own schedule (``every_n_train_steps``) is never a stall.
 
 Resume without a flag in the script: launched with ``SUPERVISE_CKPT_PATH=<a .ckpt file>`` in its
 environment, the callback makes ``fit`` continue from that checkpoint, as ``fit(ckpt_path=...)``
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 
 try:
     import lightning.pytorch as pl
@@ -56,6 +60,8 @@ class TelemetryCallback(pl.Callback):
         self._grad_norm = None
         self._logged = -1
         self._final: dict = {}
+        self._eval_seconds, self._eval_started = 0.0, None
+        self._save_seconds, self._save_started = 0.0, None
 
     # -- resume from $SUPERVISE_CKPT_PATH: loaded where fit() loads its own ckpt_path (it is
     # restored right after the setup hooks, or after on_fit_start for strategies that restore
@@ -120,9 +126,29 @@ class TelemetryCallback(pl.Callback):
             self.tm.step(step, sum(losses) / len(losses) if losses else None, lr=lr,
                          grad_norm=grad_norm, epoch=trainer.current_epoch)
 
+    # -- the silences announced: evals (after the first one showed its length) and saves
+    def on_validation_start(self, trainer, pl_module):
+        if self.tm is None or trainer.sanity_checking:
+            return
+        if self._eval_seconds:
+            self.tm.expect(max(60.0, 2 * self._eval_seconds), "eval")
+        self._eval_started = time.time()
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint):
+        if self.tm is not None:
+            self.tm.expect(max(120.0, 3 * self._save_seconds), "save")
+            self._save_started = time.time()
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if self._save_started is not None:   # the save ended when training goes on
+            self._save_seconds = max(self._save_seconds, time.time() - self._save_started)
+            self._save_started = None
+
     def on_validation_end(self, trainer, pl_module):
         if self.tm is None or trainer.sanity_checking:
             return
+        if self._eval_started is not None:
+            self._eval_seconds, self._eval_started = time.time() - self._eval_started, None
         metrics = {}
         for key, value in trainer.callback_metrics.items():
             name = eval_name(key)

@@ -96,6 +96,7 @@ class WatchdogSeen:
     message: str = ""
     headline: str = ""               # its verdict's headline (ANOMALY <kind>, DONE, STOPPED)
     bad_lines: Optional[int] = None
+    stacks: Optional[Mapping] = None # its capture of a hang (watchdog.json's stacks): folder, files, where
 
 
 @dataclass(frozen=True)
@@ -140,6 +141,7 @@ class Observation:
     stopped: str = ""                # who stopped the launched trainer on purpose (scripts/stop.py), '' if nobody
     watchdog: Optional[WatchdogSeen] = None   # the run's watchdog (a one-shot look reads watchdog.json)
     launch: Optional[Mapping] = None # launch.json, typed (state.read_launch), when there is one
+    hang: Any = None                 # stacks.Capture: what the watchdog's capture of a hang found (watch.py)
 
     @property
     def alive(self) -> list:

@@ -32,24 +32,52 @@ def chance(n: Optional[int]) -> Optional[float]:
 class StallClock:
     """The learned stall, in one place (like NVRx's TimeoutsCalc): fed every record's time in
     order, it answers what silence is a stall now, and why. Until the run has shown its rhythm
-    (--stall-factor needs 20 step records and an eval, so that the longest gap holds an eval and
-    a save) the answer is --max-stall; then --stall-factor x the longest gap between records,
-    never under --min-stall. An ``expect`` record (an announced eval or save) extends the answer
-    to its seconds + --min-stall until the next record; that silence never counts as a gap."""
+    (--stall-factor needs 20 step records and an eval) the answer is --max-stall. Then it keeps
+    two rhythms apart: the longest gap between step records (the training's own), and the
+    longest gap next to an eval record (the eval itself, a save after it). A silence is a stall
+    after --stall-factor x the gap it may be: the pause's while an eval is due (the last record
+    is an eval, the evals' period in steps or in time has come round, or no second eval has
+    shown the period yet), else the steps'; never under --min-stall, never over --max-stall. So
+    a hang between evals is named within a few step gaps, and an eval or the save after it is
+    never one. An ``expect`` record (an announced eval or save) extends the answer to its
+    seconds + --min-stall until the next record; that silence never counts as a gap."""
 
     def __init__(self, th: Thresholds):
         self.th = th
-        self.longest_gap = 0.0      # s between consecutive records (record time t)
+        self.step_gap = 0.0         # s: the longest gap between two step records (record time t)
+        self.pause_gap = 0.0        # s: the longest gap that begins or ends at an eval record
         self.expect: Optional[dict] = None
         self._last_t: Optional[float] = None
+        self._last_kind: Optional[str] = None
+        self._last_step: Optional[int] = None
+        self._stride: Optional[int] = None      # steps between the last two step records
+        self._interval: Optional[float] = None  # s between the last two step records
+        self._evals: deque = deque(maxlen=3)    # (step, t) of the last three eval records
         self.steps = self.evals = 0
 
+    @property
+    def longest_gap(self) -> float:
+        return max(self.step_gap, self.pause_gap)
+
     def update(self, rec: dict, kind: Optional[str]) -> None:
-        t = rec.get("t")
+        t, step = rec.get("t"), rec.get("step")
+        t = t if is_finite(t) else None
         if kind in ("step", "eval", "fatal") and t is not None:
             if self._last_t is not None and t > self._last_t and self.expect is None:
-                self.longest_gap = max(self.longest_gap, t - self._last_t)
-            self._last_t = t
+                gap = t - self._last_t
+                if kind == "eval" or self._last_kind == "eval":
+                    self.pause_gap = max(self.pause_gap, gap)
+                else:
+                    self.step_gap = max(self.step_gap, gap)
+                    if kind == "step" and self._last_kind == "step":
+                        self._interval = gap
+            self._last_t, self._last_kind = t, kind
+        if kind == "step" and isinstance(step, int):
+            if self._last_step is not None and step > self._last_step:
+                self._stride = step - self._last_step
+            self._last_step = step
+        if kind == "eval" and isinstance(step, int) and t is not None:
+            self._evals.append((step, t))
         self.steps += kind == "step"
         self.evals += kind == "eval"
         if kind == "expect":
@@ -57,15 +85,33 @@ class StallClock:
         elif kind is not None:
             self.expect = None
 
+    def pause_due(self) -> bool:
+        """Whether the silence now may be an eval or a save: the last record is an eval; the
+        evals' period has come round (in steps: the last two evals' distance, which is all
+        that counts once three evals kept it; else in steps or in record time); or no second
+        eval has shown the period yet."""
+        if self._last_kind == "eval" or len(self._evals) < 2:
+            return True
+        evals = list(self._evals)
+        (s1, t1), (s2, t2) = evals[-2:]
+        by_step = s2 > s1 and self._last_step is not None and self._last_step + (self._stride or 0) >= s2 + (s2 - s1)
+        if len(evals) == 3 and s2 - s1 == s1 - evals[0][0] > 0:
+            return by_step   # evals every N steps, kept: the step says when the next one comes
+        return by_step or (t2 > t1 and self._last_t is not None
+                           and self._last_t + (self._interval or 0.0) >= t2 + 0.9 * (t2 - t1))
+
     def limit(self) -> tuple:
         """(seconds of silence that are a stall now, why: '' or ' (learned: ...)')."""
         th = self.th
         after, why = th.max_stall, ""
         shown = self.steps >= 20 and self.evals >= 1  # a run without evals keeps --max-stall (a save is silent too)
         if th.stall_factor > 0 and self.longest_gap > 0 and shown:
-            learned = max(th.min_stall, th.stall_factor * self.longest_gap)
-            if learned < after:
-                after, why = learned, f" (learned: {th.stall_factor:g} x the longest gap {secs(self.longest_gap)})"
+            due = self.pause_due() and self.pause_gap > self.step_gap
+            gap = self.pause_gap if due else self.step_gap
+            learned = max(th.min_stall, th.stall_factor * gap)
+            if gap > 0 and learned < after:
+                after, why = learned, (f" (learned: {th.stall_factor:g} x the longest {'eval pause' if due else 'gap'} "
+                                       f"{secs(gap)})")
         if self.expect is not None:
             announced = self.expect["seconds"] + th.min_stall
             if announced > after:

@@ -61,6 +61,7 @@ class WatchState:
     launch_pid: Optional[int] = None           # launch.json's pid when it judged: the attempt it is about
     headline: Optional[str] = None             # the verdict's headline (ANOMALY <kind>, DONE, STOPPED, ...)
     ended_by: Optional[str] = None             # the signal that ended the watchdog itself (no verdict on the run)
+    stacks: Optional[dict] = None              # the hang's capture (stacks.Capture.to_json): folder, files, where
 
     @property
     def verdict_on_run(self) -> bool:
@@ -81,7 +82,8 @@ class WatchState:
                  "poll_interval": float, "state": str, "kind": str, "message": str, "step": int,
                  "total_steps": int, "run_id": str, "attempt": int, "records": dict, "pids": list,
                  "warnings": list, "thresholds": dict, "slurm_job": str, "slurm_state": str, "argv": list,
-                 "watchdog_create_time": float, "launch_pid": int, "headline": str, "ended_by": str}
+                 "watchdog_create_time": float, "launch_pid": int, "headline": str, "ended_by": str,
+                 "stacks": dict}
         out = cls()
         for name, kind in types.items():
             default = getattr(out, name)

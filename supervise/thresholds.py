@@ -20,8 +20,8 @@ class Thresholds:
 
     poll: float = _th(30.0, "s", "seconds between polls of the metrics file", True)
     max_stall: float = _th(360.0, "s", "metrics file unmodified this long while the process lives: stall", True)
-    min_stall: float = _th(120.0, "s", "the learned stall (--stall-factor x the longest gap between records) is never shorter than this", True)
-    stall_factor: float = _th(5.0, "x", "once the run shows its rhythm (20 step records and an eval, so that the longest gap holds an eval and a save), a silence this many times its longest gap is a stall; 0 turns learning off")
+    min_stall: float = _th(45.0, "s", "the learned stall (--stall-factor x the longest gap between step records, or next to an eval while one is due) is never shorter than this; it also pads an announced pause (expect)", True)
+    stall_factor: float = _th(5.0, "x", "once the run shows its rhythm (20 step records and an eval), a silence this many times its longest step gap is a stall, or its longest eval pause (the eval and a save after it) while an eval is due (benchmarks/stall_limit.py); 0 turns learning off")
     startup_grace: float = _th(300.0, "s", "silence allowed before the first step record (tokenizing, loading weights)", True)
     orphan_grace: float = _th(2.0, "s", "relaunch grace: what a watchdog finds at attach with no process of the run (an old sentinel, FATAL, first hit or traceback) is confirmed after this long, so that a relaunch started beside it can show", True)
     rank_grace: float = _th(10.0, "s", "one of several run processes gone this long while the others live: dead", True)
@@ -90,7 +90,8 @@ def markdown(kinds) -> str:
         "`python scripts/watchdog.py RUN_DIR [flags]`. Durations take seconds or `90s`, `6m`, `3h`.",
         "Exit 0: `OK done: ...`; exit 7: `ANOMALY <kind>: ...`; exit 2: bad usage (one line);",
         "SIGTERM/SIGINT/SIGHUP: `STOPPED: ...`, exit 0, state saved. Other flags: `--pid PID` (repeatable),",
-        "`--log PATH` (default `RUN_DIR/train.log`), `--sentinel NAME` (default `final_val_metrics.json`).",
+        "`--log PATH` (default `RUN_DIR/train.log`), `--sentinel NAME` (default `final_val_metrics.json`),",
+        "`--no-stacks` and `--native-stacks` (a hang's stacks in `RUN_DIR/stacks/`: references/hangs.md).",
         "",
         "| flag | default | unit | meaning |",
         "| --- | --- | --- | --- |",

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from . import registry, slurm as sl
+from . import registry, slurm as sl, stacks as st
 from .cli import Parser, UsageError, front_door, count, duration, fraction, positive_float, positive_int, run_dir_arg
 from .contract import atomic_write_json, read_json, why_unreadable, why_unwritable
 from .engine import Observer
@@ -39,8 +39,12 @@ BUNDLE = Path(__file__).resolve().parents[1]
 class Watchdog:
     """The watchdog: an ``Observer`` and ``judge`` per poll, the state saved to watchdog.json."""
 
-    def __init__(self, run_dir, thresholds: Thresholds = Thresholds(), **observer):
+    def __init__(self, run_dir, thresholds: Thresholds = Thresholds(), stacks: bool = True, native: bool = False,
+                 **observer):
         self.observer = Observer(run_dir, thresholds, **observer)
+        self.stacks, self.native = stacks, native   # capture a hang's stacks (py-spy --native when native)
+        self.capture: Optional[st.Capture] = None
+        self.saving: Optional[float] = None         # quiet_since of the silence the stacks showed a save in
         self.th = thresholds
         self.run_dir = self.observer.run_dir
         self.verdict = Verdict("watching")
@@ -51,9 +55,32 @@ class Watchdog:
         self._me = process(os.getpid()).create_time
 
     def poll(self) -> Verdict:
-        self.verdict = judge(self.observer.observe(), self.th)
+        obs = self._while_saving(self.observer.observe())
+        self.verdict = judge(obs, self.th)
+        if self.stacks and st.is_hang(self.verdict, obs):
+            # the stacks of every process, before the line: then the one verdict names the frames
+            found = st.capture(self.run_dir, st.targets(obs), native=self.native)
+            if found.saving and self.verdict.kind == "stall" and obs.stall_after < self.th.max_stall:
+                self.saving = obs.quiet_since   # the stacks announce the pause, as expect() would
+                obs = self._while_saving(obs)
+                self.verdict = judge(obs, self.th)
+            if self.verdict.state == "anomaly":
+                self.capture = found
+                obs = dataclasses.replace(obs, hang=found)
+                self.verdict = judge(obs, self.th)
+        self.observer.last = obs
         self.save()
         return self.verdict
+
+    def _while_saving(self, obs):
+        """The silence in which the stacks showed a checkpoint save (and nothing else holding
+        the run) is a stall only after --max-stall, like an announced save."""
+        if self.saving is None or obs.quiet_since != self.saving:
+            self.saving = None
+            return obs
+        if obs.stall_after >= self.th.max_stall:
+            return obs
+        return dataclasses.replace(obs, stall_after=self.th.max_stall, stall_why=" (the stacks showed a checkpoint save)")
 
     def stop(self, signame: str) -> Verdict:
         o = self.observer
@@ -81,7 +108,8 @@ class Watchdog:
             warnings=[w.message for w in v.warnings] + list(v.notes),
             slurm_job=o.slurm_job, slurm_state=obs.slurm.state if obs and obs.slurm else None,
             thresholds=self._thresholds, argv=list(self.argv), watchdog_create_time=self._me,
-            launch_pid=(o.launch_record() or {}).get("pid"), headline=v.headline or None, ended_by=self.ended_by)
+            launch_pid=(o.launch_record() or {}).get("pid"), headline=v.headline or None, ended_by=self.ended_by,
+            stacks=self.capture.to_json() if self.capture is not None else None)
 
     def save(self) -> None:
         try:
@@ -195,6 +223,12 @@ def build_parser() -> Parser:
                         f"RUN_DIR/{WATCHDOG_LOG}) and return at once: for a session that ends (claude -p), with "
                         "--on-exit to wake whoever is there; check-in's next: lines keep it")
     p.add_argument("--detached", action="store_true", help=argparse.SUPPRESS)  # the detached child itself
+    p.add_argument("--no-stacks", action="store_true",
+                   help="on a hang (stall, rank_hang, a live process past no_telemetry or timeout) take no stacks; by "
+                        "default every process's Python stack goes to RUN_DIR/stacks/ (the integrations' faulthandler "
+                        "on SIGRTMIN+6, else py-spy dump) and the line names the frames (references/hangs.md)")
+    p.add_argument("--native-stacks", action="store_true",
+                   help="py-spy dump --native: C/C++ frames too, for a process without the integration (slower)")
     p.add_argument("--sentinel", default=SENTINEL, metavar="NAME", type=sentinel_name,
                    help=f"completion sentinel, a file name in RUN_DIR [default: {SENTINEL}]")
     for name, default, unit, doc, is_duration in Thresholds.describe():
@@ -259,7 +293,8 @@ def watch(args, argv: list, gpu=None) -> int:
     if args.detach and not args.detached:
         return detach(run_dir, flags)
     with sole_watchdog(run_dir):
-        watcher = Watchdog(run_dir, th, pids=args.pid, log=log, sentinel=args.sentinel, gpu=gpu,
+        watcher = Watchdog(run_dir, th, stacks=not args.no_stacks, native=args.native_stacks,
+                           pids=args.pid, log=log, sentinel=args.sentinel, gpu=gpu,
                            num_labels_given="num_labels" in given, slurm_job=args.slurm_job,
                            checkpoint_dirs=tuple(args.checkpoint_dir))
         watcher.argv = tuple(flags)

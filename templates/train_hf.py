@@ -112,6 +112,26 @@ def die(msg):
     sys.exit(2)
 
 
+# NCCL's flight recorder for a GPU run: each rank's last collectives, dumped into RUN/stacks/nccl/ when
+# NCCL's own watchdog times out, for torch's analyser (references/hangs.md)
+FLIGHT_RECORDER = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
+FLIGHT_RECORDER_ALIASES = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "TORCH_FR_BUFFER_SIZE",
+                           "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "TORCH_FR_DUMP_TEMP_FILE"}
+
+
+def flight_recorder(out):
+    """Where CUDA is the device, set the flight recorder's variables before the process group
+    exists; a value the user set (or its TORCH_FR_* name) is kept. The variables it set."""
+    if not torch.cuda.is_available():
+        return {}
+    folder = os.path.join(os.path.abspath(out), "stacks", "nccl")
+    want = dict(FLIGHT_RECORDER, TORCH_NCCL_DEBUG_INFO_TEMP_FILE=os.path.join(folder, "nccl_trace_rank_"))
+    new = {k: v for k, v in want.items() if k not in os.environ and FLIGHT_RECORDER_ALIASES.get(k, k) not in os.environ}
+    os.makedirs(folder, exist_ok=True)
+    os.environ.update(new)
+    return new
+
+
 # ----------------------------------------------------------------------------- data (same in both templates)
 POSITIVE = "good great excellent superb lovely delightful brilliant wonderful fantastic pleasant".split()
 NEGATIVE = "bad awful terrible poor dreadful horrible boring nasty dismal painful".split()
@@ -310,15 +330,131 @@ try:  # the installed package's, when it is importable
     from supervise.telemetry import Telemetry
 except ImportError:  # this file copied alone: verbatim copies of supervise/telemetry.py's and hf.py's blocks
     # --- telemetry: begin ---
+    import faulthandler
     import json
     import math
     import os
+    import signal
     import socket
     import sys
     import tempfile
     import time
     import traceback
     import uuid
+
+    # The signal a watchdog sends for the stacks of a hung run (references/hangs.md): free in
+    # Lightning (SIGUSR1 requeue, SIGTERM), torchrun (SIGTERM, SIGINT, SIGHUP, SIGQUIT, and SIGUSR1/2
+    # when asked), Slurm's --signal habits and submitit (SIGUSR1/2), the HF Trainer (SIGTERM).
+    # SUPERVISE_STACK_SIGNAL overrides it: a name (SIGRTMIN+6, SIGUSR2), a number, or "off".
+    STACK_SIGNAL = "SIGRTMIN+6"
+    _STACKS = {}   # this process's registration: pid, signal, file, run_dir, rank
+
+
+    def stack_signal(text=None):
+        """The signal number of SUPERVISE_STACK_SIGNAL (``text`` when given), else of SIGRTMIN+6;
+        None when it is "off"/"0" or not a signal here (no real-time signals: not Linux)."""
+        text = str((os.environ.get("SUPERVISE_STACK_SIGNAL") if text is None else text) or STACK_SIGNAL)
+        text = text.strip().upper().replace(" ", "")
+        if text in ("OFF", "0", "NONE", "NO", "FALSE"):
+            return None
+        name, _, plus = text.partition("+")
+        try:
+            num = int(name) if name.isdigit() else int(getattr(signal, name if name.startswith("SIG") else "SIG" + name))
+            num += int(plus or 0)
+        except (AttributeError, TypeError, ValueError):
+            return None
+        return num if 0 < num < getattr(signal, "NSIG", 65) and num not in (signal.SIGKILL, signal.SIGSTOP) else None
+
+
+    def _handled(sig):
+        """Whether this process already handles ``sig``: a Python handler, SIG_IGN, or a handler
+        installed from C (Python reports None for those; /proc/self/status shows them all)."""
+        try:
+            if signal.getsignal(sig) not in (signal.SIG_DFL,):
+                return True
+        except (ValueError, OSError):
+            return True
+        try:
+            with open("/proc/self/status") as f:
+                for line in f:
+                    if line.startswith(("SigCgt:", "SigIgn:")) and int(line.split()[1], 16) >> (sig - 1) & 1:
+                        return True
+        except (OSError, ValueError, IndexError):
+            pass
+        return False
+
+
+    def register_stacks(run_dir, rank=None, role="rank"):
+        """faulthandler, all threads, on ``stack_signal()``, into RUN_DIR/stacks/.live/pid-<PID>.txt
+        (a JSON header line, then every dump): on a hang the watchdog sends the signal and cuts one
+        file per capture out of it. faulthandler is written in C: it needs no ptrace and dumps while
+        the interpreter is deadlocked, pausing the process only while it writes. A handler already
+        installed for that signal is never replaced (the file says so, and the watchdog falls back
+        to py-spy); chain=False, since the signal's default action would end the process. A process
+        forked from here (a DataLoader worker) registers its own file. The path, or None."""
+        sig = stack_signal()
+        if sig is None or not hasattr(faulthandler, "register"):
+            return None
+        pid = os.getpid()
+        ours = bool(_STACKS)   # our own handler: this process's, or inherited across fork
+        live = os.path.join(str(run_dir), "stacks", ".live")
+        try:
+            os.makedirs(live, exist_ok=True)
+            if not ours:
+                _prune(live)
+            path = os.path.join(live, f"pid-{pid}.txt")
+            f = open(path, "a", buffering=1)
+        except OSError:
+            return None
+        head = {"pid": pid, "rank": rank, "role": role, "parent": os.getppid(), "signal": sig,
+                "time": round(time.time(), 3), "registered": False}
+        why = None
+        if not ours and _handled(sig):
+            why = (f"signal {sig} already has a handler in this process, left alone: set SUPERVISE_STACK_SIGNAL "
+                   "to a free one (references/hangs.md)")
+        else:
+            try:
+                f.write(json.dumps(dict(head, registered=True)) + "\n")
+                f.flush()
+                faulthandler.register(sig, file=f, all_threads=True, chain=False)
+            except (OSError, RuntimeError, ValueError) as e:
+                why = f"faulthandler.register failed: {e}"
+        if why is not None:
+            f.write(json.dumps(dict(head, registered=False, why=why)) + "\n")
+            f.close()
+            return None
+        old = _STACKS.get("file")
+        _STACKS.update(pid=pid, signal=sig, file=f, run_dir=str(run_dir), rank=rank)
+        if old is not None and old is not f:
+            old.close()   # faulthandler holds the new file now
+        if not _STACKS.get("at_fork") and hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=_stacks_in_child)
+            _STACKS["at_fork"] = True
+        return path
+
+
+    def _stacks_in_child():
+        """After a fork (a DataLoader worker): dump into a file of its own, not the parent's."""
+        if _STACKS.get("pid") and _STACKS["pid"] != os.getpid():
+            try:
+                register_stacks(_STACKS["run_dir"], _STACKS.get("rank"), role="worker")
+            except Exception:
+                pass
+
+
+    def _prune(live):
+        """Drop the files of processes that are gone (the workers of earlier epochs, an old launch)."""
+        for name in os.listdir(live):
+            if name.startswith("pid-") and name.endswith(".txt") and name[4:-4].isdigit():
+                try:
+                    os.kill(int(name[4:-4]), 0)
+                except ProcessLookupError:
+                    try:
+                        os.remove(os.path.join(live, name))
+                    except OSError:
+                        pass
+                except OSError:
+                    pass
 
 
     class Telemetry:
@@ -349,6 +485,7 @@ except ImportError:  # this file copied alone: verbatim copies of supervise/tele
             self.rank = int(rank if rank is not None else env.get("RANK", env.get("LOCAL_RANK", 0)))
             self.local_rank = int(env.get("LOCAL_RANK", self.rank))
             self.world_size = int(world_size or env.get("WORLD_SIZE", 1))
+            self.stacks_file = register_stacks(self.run_dir, self.rank)  # where a hang's stacks go (None: off)
             self.batch_size = batch_size
             self.run_id = uuid.uuid4().hex
             self.t0 = time.time()
@@ -685,6 +822,7 @@ except ImportError:  # this file copied alone: verbatim copies of supervise/tele
 def main():
     a = parse_args()
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    flight_recorder(a.out)  # before TrainingArguments starts the process group: NCCL reads them then
     ckpt_dir = os.path.join(a.out, "checkpoints")
     if rank == 0:
         tidy_checkpoints(ckpt_dir)

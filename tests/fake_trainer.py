@@ -85,6 +85,7 @@ def main():
     p.add_argument("--vocab-size", type=int, default=None)
     p.add_argument("--expect-at", type=int, default=None, help="announce a pause of --pause seconds at this step")
     p.add_argument("--pause", type=float, default=0.0)
+    p.add_argument("--eval-pause", type=float, default=0.0, help="each eval takes this long, unannounced")
     p.add_argument("--garbage", action="store_true", help="write stray and torn lines between records")
     p.add_argument("--no-sentinel", action="store_true")
     p.add_argument("--host", default=None, help="the start record names this host (another machine's trainer)")
@@ -142,6 +143,7 @@ def main():
             time.sleep(a.dt / 2)
             os.write(w.fd, b': %r, "t": 1, "lr": 0.0001, "grad_norm": %r, "sps": %r}\n' % (loss, grad, sps))
         if a.eval_every and step % a.eval_every == 0:
+            time.sleep(a.eval_pause)
             auroc = a.auroc if a.auroc is not None else min(0.97, 0.6 + 0.4 * i / 30)
             w.eval(step, auroc, 0.5 + auroc / 3, eval_loss=loss)
         print(f"step {step} loss {loss}", flush=True)

@@ -111,6 +111,8 @@ def test_healthy_run_writes_steps_every_eval_metric_and_the_sentinel(tmp_path):
     assert final["run_id"] == start["run_id"] and final["step"] == 60 and "eval_acc" in final
     beats = [json.loads(x) for x in (run / "ranks" / "rank-0.jsonl").read_text().splitlines()]
     assert [b["step"] for b in beats] == [10, 20, 30, 40, 50, 60] and beats[0]["rank"] == 0
+    live = [json.loads(p.read_text().splitlines()[0]) for p in (run / "stacks" / ".live").glob("pid-*.txt")]
+    assert any(h["registered"] and h["rank"] == 0 for h in live), live   # a hang's stacks: faulthandler (issue 26)
 
 
 def test_a_resumed_trainer_is_attempt_two_in_the_same_file(tmp_path):

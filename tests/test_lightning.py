@@ -27,6 +27,9 @@ def test_lightning_run_under_the_watchdog(fault, tmp_path):
         evals = [r for r in recs if "eval_loss" in r]
         assert [r["step"] for r in evals] == [20, 40, 60]  # never the sanity check's (step 0)
         assert all("eval_acc" in r for r in evals) and evals[-1]["eval_loss"] < evals[0]["eval_loss"]
+        said = [r["why"] for r in recs if r.get("event") == "expect"]   # the silences announced (issue 26)
+        assert "save" in said and "eval" in said, said   # every_n_train_steps saves on their own schedule
+        assert list((run_dir := tmp_path / "run" / "stacks" / ".live").glob("pid-*.txt")), run_dir  # faulthandler
 
 
 def test_lightning_integration_is_two_lines():
