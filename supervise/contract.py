@@ -390,7 +390,12 @@ class TailReader:
 
     Re-attach: the first read of a file larger than ``catchup`` bytes parses the current run's
     head (from its last start record: the baseline), every notable line of the middle (NaN,
-    null, FATAL, evals, events: a first hit is never skipped) and the last ``tail`` bytes."""
+    null, FATAL, evals, events: a first hit is never skipped) and the last ``tail`` bytes.
+
+    Resume (``resume()``, scan.py's kept scan): the reader goes on from a saved offset; when
+    more than ``tail`` bytes were appended since, the gap is read like the re-attach's middle
+    (its notable lines) and the last ``tail`` bytes in full. ``unseen`` counts bytes that were
+    not even skimmed for notable lines (``notable=False``, ``max_append``)."""
 
     path: str
     chunk: int = 4 << 20
@@ -407,7 +412,9 @@ class TailReader:
     last_bad: str = ""
     bytes_read: int = 0
     skipped_bytes: int = 0
+    unseen: int = 0
     error: str = ""
+    _resumed: bool = False
     _buf: bytes = b""
     _ident: tuple | None = None
     _head: bytes = b""
@@ -429,8 +436,16 @@ class TailReader:
         return False
 
     def _reset(self) -> None:
-        self.offset, self._buf, self._head, self._dropping = 0, b"", b"", False
+        self.offset, self._buf, self._head, self._dropping, self._resumed = 0, b"", b"", False, False
         self.resets += 1
+
+    def resume(self, offset: int, ident: tuple, head: bytes, lines: int = 0, bad_lines: int = 0,
+               resets: int = 0, last_bad: str = "", dropping: bool = False) -> None:
+        """Go on from ``offset`` (a line boundary) of the file ``ident`` (st_dev, st_ino) whose
+        first bytes are ``head``, as a reader that had read up to there (scan.Scan.resume)."""
+        self.offset, self._ident, self._head, self._buf, self._dropping = offset, tuple(ident), head, b"", dropping
+        self.lines, self.bad_lines, self.resets, self.last_bad = lines, bad_lines, resets, last_bad
+        self._resumed = True
 
     def records(self) -> Iterator[dict]:
         """Yield each complete record appended since the last call, in file order."""
@@ -453,7 +468,11 @@ class TailReader:
                 f.seek(0)
                 self._head = f.read(64)
                 yield from self._catch_up(f, end)
+            elif self._resumed and end - self.offset > self.tail:
+                yield from self._catch_up(f, end, begin=self.offset)
+            self._resumed = False
             if self.max_append and end - self.offset > self.max_append:
+                self.unseen += end - self.max_append - self.offset
                 self._skip_to(f, end - self.max_append)
             f.seek(self.offset)
             while self.offset < end:
@@ -498,10 +517,14 @@ class TailReader:
                 except ValueError:
                     pass
 
-    def _catch_up(self, f, end: int) -> Iterator[dict]:
-        begin = self._last_start(f, end)
+    def _catch_up(self, f, end: int, begin: int | None = None) -> Iterator[dict]:
+        """The re-attach read (``begin`` None: from the last start record, its head in full) or
+        a resumed one (from ``begin``, a line boundary the fold reached: no head)."""
+        resumed = begin is not None
+        if begin is None:
+            begin = self._last_start(f, end)
         tail_from = max(begin, end - self.tail)
-        head_to = min(tail_from, begin + self.head)
+        head_to = min(tail_from, begin + self.head) if not resumed else begin
         f.seek(begin)
         data = f.read(head_to - begin)
         cut = data.rfind(b"\n") + 1
@@ -512,6 +535,7 @@ class TailReader:
             f.seek(tail_from)
             skip = f.read(self.max_line).find(b"\n") + 1 if tail_from > pos else 0
             self.skipped_bytes += tail_from + skip - pos
+            self.unseen += tail_from + skip - pos
             self.offset = tail_from + skip if tail_from > pos else pos
             return
         while pos < tail_from:  # the middle: only the notable lines

@@ -86,6 +86,23 @@ def process(pid: int, cpu_interval: Optional[float] = None) -> ProcInfo:
     return ProcInfo(pid, "alive")
 
 
+def cpu_seconds(pid: int) -> Optional[float]:
+    """CPU time (user + system, s) ``pid`` has used so far; None when it cannot be read. No
+    sampling sleep: a CPU % is two of these apart (scan.Scan.cpu_percent)."""
+    if psutil is not None:
+        try:
+            t = psutil.Process(pid).cpu_times()
+            return t.user + t.system
+        except psutil.Error:
+            return None
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            rest = f.read().rsplit(")", 1)[1].split()
+        return (int(rest[11]) + int(rest[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 # A process's start time is known to about a second (the kernel's boot time is whole seconds, and
 # two readings may straddle one): start times this close are the same process.
 SAME_PROCESS_S = 1.5
