@@ -131,7 +131,7 @@ def _restore(obj, saved, skip: tuple) -> None:
         setattr(obj, k, v)
 
 
-RUN_SKIP = ("th", "stall", "num_labels_given")
+RUN_SKIP = ("th", "stall", "num_labels_given", "_memo", "_fixed")   # caches, rebuilt from the rest
 RULE_SKIP = ("th", "run")
 
 

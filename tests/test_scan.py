@@ -243,13 +243,13 @@ def test_a_scan_path_that_is_not_a_file_is_ignored(what, tmp_path):
 
 
 def test_check_ins_at_once_never_break_the_scan_file(tmp_path):
-    """Eight check-ins at once, four times, while records are appended: every one names the
+    """Six check-ins at once, three times, while records are appended: every one names the
     NaN, none says more than its one output, and the file left is a whole scan."""
     run = small_run(tmp_path, n=20000, nan_at=5000)
     step = 20000
-    for _ in range(4):
+    for _ in range(3):
         ps = [subprocess.Popen([sys.executable, str(SCRIPTS / "checkin.py"), str(run)], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True) for _ in range(8)]
+                               stderr=subprocess.PIPE, text=True) for _ in range(6)]
         append(run / "metrics.jsonl", step, 300)
         step += 300
         for p in ps:
