@@ -21,7 +21,7 @@ import mmap
 import os
 import stat
 import sys
-import tempfile
+import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -359,7 +359,7 @@ def atomic_write_json(path: str | os.PathLike, obj, indent: int | None = 1) -> N
     """Write JSON to a temporary file in the same folder, then rename it over ``path``
     (``indent=None``: one compact line, through json's C encoder: the watchdog's every poll)."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = _temp_beside(path)
     try:
         with os.fdopen(fd, "w") as f:
             f.write(json.dumps(obj, indent=indent, default=str))  # dumps: the C encoder when indent is None
@@ -371,6 +371,21 @@ def atomic_write_json(path: str | os.PathLike, obj, indent: int | None = 1) -> N
         except OSError:
             pass
         raise
+
+
+_SEQ = itertools.count()
+
+
+def _temp_beside(path: Path) -> tuple:
+    """(fd, name) of a new file ``.<name>.<pid>-<n>.tmp`` beside ``path``, mode 0600, made with
+    O_EXCL (what tempfile.mkstemp does, without importing tempfile: random, shutil, bz2, lzma)."""
+    for _ in range(1000):
+        tmp = path.parent / f".{path.name}.{os.getpid()}-{next(_SEQ)}.tmp"
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600), str(tmp)
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name beside {path}")
 
 
 def read_json(path: str | os.PathLike, limit: int = 1 << 20):

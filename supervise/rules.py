@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import re
-import statistics
 from collections import deque
 from typing import Optional
 
@@ -23,11 +22,12 @@ from .vocabulary import Anomaly, anomaly, secs, shown
 
 
 def median(values):
-    """statistics.median, without its checks: the middle value, or the mean of the two middle ones."""
+    """statistics.median (any iterable of numbers), without importing statistics (fractions,
+    decimal, random: a check-in's start-up): the middle value, or the mean of the two middle ones."""
     data = sorted(values)
     n = len(data)
     if n == 0:
-        raise statistics.StatisticsError("no median for empty data")
+        raise ValueError("no median for empty data")
     i = n // 2
     return data[i] if n % 2 else (data[i - 1] + data[i]) / 2
 
