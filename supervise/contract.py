@@ -195,14 +195,15 @@ def _count(v):
     return int(f) if f is not None and math.isfinite(f) and f >= 0 else None
 
 
-def sanitize(rec: dict) -> dict | None:
+def sanitize(rec: dict, kind: str | None = "?") -> dict | None:
     """A record with every field the tools read coerced to its type, or None when the record is
     unusable (a step or eval without a usable step, a non-numeric loss, an expect without
     seconds). Every value in a metrics file is untrusted: nothing downstream type-checks again.
     Numbers are floats (NaN/Infinity/None kept where the rules must see them), steps and counts
     ints >= 0, FATAL a string, and unknown fields pass through untouched (a new dict: ``rec`` is
-    left as it was)."""
-    kind = kind_of(rec)
+    left as it was). ``kind``: ``kind_of(rec)`` when the caller has it (sanitizing keeps it)."""
+    if kind == "?":
+        kind = kind_of(rec)
     # the keys interned: json makes new key strings per line, and every rule's rec.get("loss")
     # then compares strings instead of pointers (the fold costs a sixth more)
     out = {_intern(k) if type(k) is str else k: v for k, v in rec.items()}
@@ -464,6 +465,7 @@ class TailReader:
     skipped_bytes: int = 0
     unseen: int = 0
     error: str = ""
+    kind: str | None = None   # kind_of the record yielded last (the fold need not ask again)
     _resumed: bool = False
     _buf: bytes = b""
     _ident: tuple | None = None
@@ -617,7 +619,9 @@ class TailReader:
                 continue
             self.lines += 1
             try:
-                rec = sanitize(parse_line(raw))
+                rec = parse_line(raw)
+                kind = self.kind = kind_of(rec)
+                rec = sanitize(rec, kind)
             except ValueError:
                 rec = None
             if rec is None:

@@ -335,9 +335,9 @@ class Observer:
         if self.polls == 1 and self.scan is not None:
             self.scan.resume(self.reader, self.rules)
         starts = self.rules.starts
-        add = self.rules.add
-        for rec in self.reader.records():
-            add(rec)
+        add, reader = self.rules.add, self.reader
+        for rec in reader.records():
+            add(rec, reader.kind)
         if self.rules.starts != starts and self.polls > 1:
             self._new_attempt()
         now = self.clock()

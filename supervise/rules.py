@@ -581,8 +581,10 @@ class RecordRules:
         self.hits: dict = {}
         self._on = {k: [r for r in self.rules if k in r.on] for k in ("step", "eval", "fatal")}  # in rule order
 
-    def add(self, rec: dict) -> None:
-        kind = kind_of(rec)
+    def add(self, rec: dict, kind: Optional[str] = "?") -> None:
+        """Fold one record (``kind``: its ``kind_of`` when the caller has it)."""
+        if kind == "?":
+            kind = kind_of(rec)
         if kind == "start":
             self.starts += 1
             self.attempts = self.attempts[-15:] + [[rec, None]]
