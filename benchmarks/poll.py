@@ -3,8 +3,16 @@ a naive watchdog does), how many polls pass from a fault to the watchdog's exit,
 checkpoint probe adds to a poll (50 unchanged checkpoints: HF folders, Lightning files).
 
     python benchmarks/poll.py [--lines 2000000] [--poll 0.5]
+    python benchmarks/poll.py --only cpu [--rate 2000] [--cpu-poll 1] [--seconds 60] [--before DIR]
 
 Both sides run in this one process on the same file, so the ratio holds on a noisy machine.
+
+The watchdog's own cost (``--only cpu``, also part of a full run): a writer appends --rate
+records a second (a busy LM run logging every step on 8 ranks) while ``scripts/watchdog.py
+--poll --cpu-poll`` follows it; its CPU time over --seconds (after a 5 s warm-up) is reported as
+% of one core, and its RSS sampled every 5 s. ``--before DIR`` runs the same beside a watchdog
+from another checkout (the tree before a change), at the same time on the same machine, each
+with its own run folder and writer: the figures side by side.
 """
 import argparse
 import json
@@ -164,11 +172,102 @@ def latency(kind: str, poll: float) -> float:
     return took / poll
 
 
+WRITER = r"""
+import json, os, sys, time
+run, rate = sys.argv[1], float(sys.argv[2])
+fd = os.open(os.path.join(run, "metrics.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+os.write(fd, (json.dumps({"event": "start", "t": 0, "pid": os.getpid(), "time": time.time(), "run_id": "cpu",
+                          "task": "lm", "vocab_size": 50257, "total_steps": 10 ** 9, "world_size": 8}) + "\n").encode())
+t0 = time.monotonic()
+step = 0
+while True:
+    now = time.monotonic() - t0
+    due = int(now * rate) - step
+    if due > 0:
+        lines = []
+        for _ in range(due):
+            step += 1
+            loss = 3.0 + 2.0 / (1 + step / 5000) + 0.01 * ((step * 7919) % 13)
+            lines.append('{"step":%d,"t":%.3f,"loss":%.5f,"lr":0.0003,"grad_norm":%.4f,"sps":%.1f,"rank":%d}\n'
+                         % (step, now, loss, 0.8 + 0.01 * (step % 17), 950.0 + step % 11, step % 8))
+            if step % 2000 == 0:
+                lines.append('{"step":%d,"t":%.3f,"eval_loss":%.4f}\n' % (step, now, loss + 0.1))
+        os.write(fd, "".join(lines).encode())
+    time.sleep(0.01)
+"""
+
+
+def cpu_cost(trees: list, rate: float, poll: float, seconds: float) -> list:
+    """For each checkout in ``trees`` at once: a writer at ``rate`` records/s into its own run
+    folder and that checkout's scripts/watchdog.py --poll ``poll`` beside it; the watchdog's CPU
+    % of one core over ``seconds`` (after 5 s), RSS samples every 5 s, and the file's size."""
+    import psutil
+    out = []
+    with tempfile.TemporaryDirectory() as d:
+        env = {**os.environ, "SUPERVISE_STATE_DIR": d + "/state"}
+        runs = []
+        for i, tree in enumerate(trees):
+            run = Path(d) / f"run{i}"
+            run.mkdir()
+            log = open(run / "train.log", "ab")
+            writer = subprocess.Popen([sys.executable, "-c", WRITER, str(run), str(rate)], stdout=log, stderr=log)
+            while not (run / "metrics.jsonl").exists():
+                time.sleep(0.01)
+            wd = subprocess.Popen([sys.executable, str(Path(tree) / "scripts" / "watchdog.py"), str(run), "--poll",
+                                   str(poll), "--max-stall", "1h", "--hard-timeout", "100h"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+            runs.append((tree, run, log, writer, wd))
+        try:
+            time.sleep(5)
+            procs = [psutil.Process(r[4].pid) for r in runs]
+            t0 = time.monotonic()
+            cpu0 = [sum(p.cpu_times()[:2]) for p in procs]
+            rss = [[p.memory_info().rss] for p in procs]
+            while time.monotonic() - t0 < seconds:
+                time.sleep(min(5.0, seconds - (time.monotonic() - t0)) if seconds > time.monotonic() - t0 else 0)
+                for p, r in zip(procs, rss):
+                    r.append(p.memory_info().rss)
+            wall = time.monotonic() - t0
+            for (tree, run, *_), p, c0, r in zip(runs, procs, cpu0, rss):
+                assert p.is_running(), f"the watchdog of {tree} ended early"
+                out.append({"tree": tree, "cpu_pct": 100 * (sum(p.cpu_times()[:2]) - c0) / wall, "wall_s": wall,
+                            "rss_mb": [x / 2 ** 20 for x in r], "records": sum(1 for _ in open(run / "metrics.jsonl", "rb")),
+                            "file_mb": (run / "metrics.jsonl").stat().st_size / 1e6})
+        finally:
+            for _, _, log, writer, wd in runs:
+                for proc in (wd, writer):
+                    proc.terminate()
+                    try:
+                        proc.wait(timeout=30)
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
+                log.close()
+    return out
+
+
+def print_cpu(a) -> None:
+    trees = ([a.before] if a.before else []) + [str(ROOT)]
+    for r in cpu_cost(trees, a.rate, a.cpu_poll, a.seconds):
+        who = "before" if a.before and r["tree"] == a.before else "this tree"
+        rss = r["rss_mb"]
+        print(f"watchdog's own cost ({who}: {r['tree']}): {r['cpu_pct']:.2f}% of one core at {a.rate:g} records/s, "
+              f"--poll {a.cpu_poll:g}, over {r['wall_s']:.0f} s (target <= 3%); RSS {rss[0]:.1f} -> {rss[-1]:.1f} MB "
+              f"(max {max(rss):.1f}, {len(rss)} samples); file {r['records']:,} lines, {r['file_mb']:.0f} MB")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--lines", type=int, default=2_000_000)
     p.add_argument("--poll", type=float, default=0.5)
+    p.add_argument("--only", choices=["cpu"], help="run only the watchdog's own cost")
+    p.add_argument("--rate", type=float, default=2000.0, help="records/s the writer appends (cpu)")
+    p.add_argument("--cpu-poll", type=float, default=1.0, help="the watchdog's --poll (cpu)")
+    p.add_argument("--seconds", type=float, default=60.0, help="how long the CPU is measured (cpu)")
+    p.add_argument("--before", metavar="DIR", help="another checkout's watchdog, measured at the same time (cpu)")
     a = p.parse_args()
+    if a.only == "cpu":
+        print_cpu(a)
+        return
     r = poll_cost(a.lines)
     print(f"metrics file: {r['lines']:,} lines, {r['file_mb']:.0f} MB")
     print(f"first poll, re-attach (head + notable lines + tail, {r['skipped_mb']:.0f} MB skimmed): "
@@ -187,6 +286,7 @@ def main():
         n = latency(kind, a.poll)
         extra = " after max-stall" if kind == "stall" else ""
         print(f"latency {kind}: {n:.2f} polls{extra} from fault to exit (poll {a.poll}s)")
+    print_cpu(a)
 
 
 if __name__ == "__main__":

@@ -21,17 +21,15 @@ from __future__ import annotations
 
 import json
 import os
-import pickletools
 import re
-import shutil
-import statistics
-import zipfile
 from collections import deque
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable, Optional, Sequence, Union
 
 from .contract import open_regular, read_json
+from .probes import disk_usage
+from .rules import median
 from .thresholds import Thresholds
 from .vocabulary import Anomaly, anomaly
 
@@ -111,6 +109,7 @@ def _pickle_step(data: bytes) -> Optional[int]:
     memo: dict = {}
     pending = last = None
     n_memo = 0
+    import pickletools  # the imports of a Lightning file's reading, here: not a check-in's start-up
     try:
         for op, arg, _ in pickletools.genops(data):
             name = op.name
@@ -140,6 +139,7 @@ def _zip_why(path: str, name: str, length: int, want_step: bool = False) -> tupl
     """('' or why, step): a torch file is whole when its zip central directory reads."""
     if length == 0:
         return f"{TORN}: {name} is empty", None
+    import zipfile
     try:
         with open_regular(path) as f, zipfile.ZipFile(f) as z:
             pkl = [i for i in z.infolist() if i.filename.endswith("data.pkl")] if want_step else []
@@ -587,7 +587,7 @@ class CheckpointWatch:
             if m is None:
                 m = self._mounts[d] = mount_point(d)
             try:
-                u = shutil.disk_usage(d if self._dir_mtime.get(d) is not None else m)
+                u = disk_usage(d if self._dir_mtime.get(d) is not None else m)
             except OSError:
                 continue
             if free is None or u.free < free:
@@ -618,9 +618,9 @@ class CheckpointWatch:
         keep = self.keep_declared or (max(self.peak, len(present)) if rotating else None)
         self._base = DiskState(
             dirs=self.dirs, checkpoints=tuple(cks),
-            bytes_per_save=statistics.median(h[1] for h in hist) if hist else None,
-            steps_per_save=statistics.median(step_gaps) if step_gaps else None,
-            saves=self.saves, saves_per_hour=3600.0 / statistics.median(gaps) if gaps else None,
+            bytes_per_save=median(h[1] for h in hist) if hist else None,
+            steps_per_save=median(step_gaps) if step_gaps else None,
+            saves=self.saves, saves_per_hour=3600.0 / median(gaps) if gaps else None,
             kept_bytes=sum(c.bytes for c in cks), rotating=rotating, keep=keep, deleted=self.deleted,
             first_save_at=self.first_save_at)
 

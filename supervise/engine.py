@@ -25,9 +25,10 @@ from .contract import TailReader, is_count, is_finite, read_json, why_unreadable
 from .judge import KINDS, RECORD_RULES, judge
 from .logs import cgroup_dir, kernel_oom_lines, killed_reason, last_error, log_tail, oom_kills, oom_line, root_cause
 from .observation import Observation, Proc, Records, WatchdogSeen, frozen
-from .probes import Nvml, ProcessWatch, born_after, disk_free, log_writers, process, same_process, same_start
+from .probes import Nvml, ProcessWatch, born_after, cpu_seconds, disk_free, log_writers, process, same_process, same_start
 from .ranks import RankFiles, local_pids
 from .rules import RecordRules
+from .scan import Scan
 from .state import WatchState, on_this_host, read_launch
 from .thresholds import Thresholds
 from .vocabulary import GONE, LAUNCH, LOG, METRICS, SENTINEL, WATCHDOG_STATE
@@ -51,7 +52,7 @@ class Observer:
     def __init__(self, run_dir, thresholds: Thresholds = Thresholds(), pids=(), log=None,
                  sentinel: str = SENTINEL, gpu=None, num_labels_given: bool = False, clock=time.time,
                  one_shot: bool = False, slurm_job: Optional[str] = None, slurm_runner=None,
-                 notable: bool = True, checkpoint_dirs: tuple = (), watchdog_state=None):
+                 notable: bool = True, checkpoint_dirs: tuple = (), watchdog_state=None, keep_scan: bool = True):
         self.run_dir = Path(run_dir)
         self.th = thresholds
         self.explicit_pids = tuple(pids)
@@ -61,6 +62,8 @@ class Observer:
         self.reader = TailReader(str(self.metrics)) if not one_shot else \
             TailReader(str(self.metrics), notable=notable, head=32 << 10, tail=64 << 10)
         self.rules = RecordRules(thresholds, RECORD_RULES, num_labels_given)
+        # what a scan learned, kept beside watchdog.json (scan.py): the next look reads what was appended
+        self.scan = Scan(self.run_dir, self.metrics, thresholds, RECORD_RULES, num_labels_given) if keep_scan else None
         self.gpu = gpu
         self.clock = clock
         self.one_shot = one_shot
@@ -288,15 +291,17 @@ class Observer:
             self._ckpt = (key, CheckpointWatch(dirs, declared_keep(self.run_dir, start)) if dirs else None)
         return self._ckpt[1].poll(now) if self._ckpt[1] is not None else None
 
-    @staticmethod
-    def _sample_cpu(procs: list) -> list:
-        """The first live root process with its CPU % (sampled over 50 ms) and RSS: a one-shot
-        look shows them."""
+    def _sample_cpu(self, procs: list, now: float) -> list:
+        """The first live root process with its CPU % and RSS: a one-shot look shows them. The
+        CPU % is measured since the last look's reading (kept in the scan file), else over the
+        process's lifetime: no sampling sleep."""
         first = next((p for p in procs if p.alive and not p.child), None)
         if first is None:
             return procs
-        info = process(first.pid, cpu_interval=0.05)
-        seen = dataclasses.replace(first, cpu_percent=info.cpu_percent, rss=info.rss)
+        info = process(first.pid)
+        cpu = cpu_seconds(first.pid)
+        pct = self.scan.cpu_percent(first.pid, info.create_time, cpu, now) if self.scan is not None else None
+        seen = dataclasses.replace(first, cpu_percent=pct, rss=info.rss)
         return [seen if p is first else p for p in procs]
 
     def _records(self) -> Records:
@@ -327,9 +332,12 @@ class Observer:
         """One poll: fold the new records, look at the processes, the ranks, the scheduler, the
         GPU and (when something ended) the log; one frozen Observation."""
         self.polls += 1
+        if self.polls == 1 and self.scan is not None:
+            self.scan.resume(self.reader, self.rules)
         starts = self.rules.starts
-        for rec in self.reader.records():
-            self.rules.add(rec)
+        add, reader = self.rules.add, self.reader
+        for rec in reader.records():
+            add(rec, reader.kind)
         if self.rules.starts != starts and self.polls > 1:
             self._new_attempt()
         now = self.clock()
@@ -383,7 +391,7 @@ class Observer:
             bad = records.hits.get("nan")
             resume, skipped = choose_resume(disk.checkpoints, bad.step if bad is not None else None)
         if self.one_shot:
-            procs = self._sample_cpu(procs)
+            procs = self._sample_cpu(procs, now)
         touched = max([t for t in (metrics_mtime, log_mtime, sentinel_mtime) if t is not None], default=0.0)
         hold = 0.0
         if not self.one_shot and not alive and not (self.seen_alive & {p.pid for p in procs}) \
@@ -402,6 +410,8 @@ class Observer:
             time_limit=limit, time_limit_why=limit_why, failed_launches=failed, stopped=stopped,
             watchdog=self._watchdog(start, launch), launch=frozen(launch) if launch else None)
         self.last = obs
+        if self.scan is not None:
+            self.scan.keep(self.reader, self.rules, now, force=self.one_shot)
         return obs
 
 

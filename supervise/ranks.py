@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import socket
 import stat
-import statistics
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import Mapping, Optional
 
 from .contract import TailReader, is_count, is_finite
 from .logs import RootCause, oom_line
+from .rules import median
 from .vocabulary import GONE, Anomaly, anomaly, secs
 
 MAX_READ = 64 << 10       # bytes read from one rank file per poll (the rest is skipped, oldest first)
@@ -281,14 +281,14 @@ def straggler(ranks: Mapping[int, RankState], now: float, window_s: float,
     median sps over the same window: ``straggler``. Needs at least two ranks with samples."""
     start = now - window_s
     windows = {r: _window(s.history, start) for r, s in ranks.items()}
-    medians = {r: statistics.median(w[0]) for r, w in windows.items() if w[0]}
+    medians = {r: median(w[0]) for r, w in windows.items() if w[0]}
     if len(medians) < 2:
         return None
     worst = None
     for r, (mine, before) in windows.items():
         if not mine or before is None:
             continue  # silent in the window, or its history does not reach back over it yet
-        med = statistics.median([m for o, m in medians.items() if o != r])
+        med = median([m for o, m in medians.items() if o != r])
         floor = ratio * med
         if med > 0 and before < floor and max(mine) < floor:
             if worst is None or medians[r] / med < worst[1] / worst[2]:

@@ -3,7 +3,6 @@ current run with no arguments. One small JSON file per run directory under ``SUP
 ``~/.local/state/supervising-training-runs/``): concurrent watchdogs never write one file."""
 from __future__ import annotations
 
-import hashlib
 import os
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ def state_dir() -> Path:
 
 
 def _entry(run_dir: Path) -> Path:
+    import hashlib  # here: OpenSSL's load is a check-in's cost otherwise (check-in rarely needs the registry)
     digest = hashlib.sha1(str(run_dir).encode()).hexdigest()[:16]
     return state_dir() / "runs" / f"{digest}.json"
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import re
-import statistics
 from collections import deque
 from typing import Optional
 
@@ -20,6 +19,17 @@ from .contract import is_finite, kind_of
 from .logs import is_fallout
 from .thresholds import Thresholds
 from .vocabulary import Anomaly, anomaly, secs, shown
+
+
+def median(values):
+    """statistics.median (any iterable of numbers), without importing statistics (fractions,
+    decimal, random: a check-in's start-up): the middle value, or the mean of the two middle ones."""
+    data = sorted(values)
+    n = len(data)
+    if n == 0:
+        raise ValueError("no median for empty data")
+    i = n // 2
+    return data[i] if n % 2 else (data[i - 1] + data[i]) / 2
 
 
 def chance(n: Optional[int]) -> Optional[float]:
@@ -140,6 +150,14 @@ class Run:
         self.first_t: Optional[float] = None    # record time of the first and the last step record
         self.first_step: Optional[int] = None
         self.last_t: Optional[float] = None
+        self._memo: dict = {}                   # (name, n) -> window, for the newest step record
+        # the newest values of the fields the rules' windows read at every record, and the step
+        # record count at the newest non-finite one of each (0: none): a window in O(n)
+        self._cap = min(2 * max(th.sustain, 1), self.steps.maxlen)
+        self._cols: dict = {"loss": [], "sps": []}
+        self._bad: dict = {"loss": 0, "sps": 0}
+        self._windows: dict = {}                # name -> window(name, --sustain) of the newest record
+        self._fixed: dict = {}                  # what the start record fixes for the attempt (chance), once
 
     @property
     def task(self) -> str:
@@ -161,7 +179,10 @@ class Run:
 
     @property
     def chance(self) -> Optional[float]:
-        return chance(self.num_labels)
+        fixed = self._fixed
+        if "chance" not in fixed:
+            fixed["chance"] = chance(self.num_labels)
+        return fixed["chance"]
 
     def chance_name(self) -> str:
         return f"ln({self.num_labels})" + (" (vocab)" if self.task == "lm" else "")
@@ -171,7 +192,9 @@ class Run:
         if step is not None and step > self.last_step:
             self.last_step = step
         self.stall.update(rec, kind)
-        if kind == "fatal":
+        if kind == "step":
+            self._add_step(rec)
+        elif kind == "fatal":
             self.fatal = self.fatal or rec
         elif kind == "eval":
             self.n_evals += 1
@@ -180,16 +203,34 @@ class Run:
             auroc = rec.get("eval_auroc")
             if is_finite(auroc) and (self.best_eval is None or auroc > self.best_eval.get("eval_auroc", -1)):
                 self.best_eval = rec
-        elif kind == "step":
-            self.n_steps += 1
-            self.steps.append(rec)
-            t = rec.get("t")
-            if t is not None:
-                if self.first_t is None:
-                    self.first_t, self.first_step = t, rec["step"]
-                self.last_t = t
         elif kind is None:
             self.unknown += 1
+
+    def _add_step(self, rec: dict) -> None:
+        n_steps = self.n_steps = self.n_steps + 1
+        self.steps.append(rec)
+        self._memo = {}
+        n, cap, bad, windows = self.th.sustain, self._cap, self._bad, {}
+        for name, col in self._cols.items():
+            v = rec.get(name)
+            col.append(v)
+            if len(col) > cap:
+                del col[0]
+            if not is_finite(v):
+                bad[name] = n_steps
+            if 0 < n <= cap:  # the --sustain window every step rule reads: built here, once
+                vals = col[-n:]
+                if bad[name] <= n_steps - len(vals):
+                    srt, k = sorted(vals), len(vals) // 2   # median(), inline: twice a record
+                    windows[name] = (vals, True, srt[k] if len(vals) % 2 else (srt[k - 1] + srt[k]) / 2)
+                else:
+                    windows[name] = (vals, False, None)
+        self._windows = windows
+        t = rec.get("t")
+        if t is not None:
+            if self.first_t is None:
+                self.first_t, self.first_step = t, rec["step"]
+            self.last_t = t
 
     @property
     def steps_per_s(self) -> Optional[float]:
@@ -199,9 +240,32 @@ class Run:
         return (self.last_step - self.first_step) / (self.last_t - self.first_t)
 
     def recent(self, name: str, n: int) -> list:
-        """The last ``n`` step records' values of ``name`` (all of them, finite or not)."""
-        steps, size = self.steps, len(self.steps)
-        return [steps[i].get(name) for i in range(max(0, size - n), size)] if n > 0 else []
+        """The last ``n`` step records' values of ``name`` (all of them, finite or not). The
+        rules ask for the same few windows at every record: each is built once per record (the
+        list is shared: read it, never change it)."""
+        col = self._cols.get(name)
+        if col is not None and 0 < n and (n <= self._cap or self._cap == self.steps.maxlen):
+            return col[-n:]   # the same values: the column holds the newest min(_cap, len(steps))
+        key = ("recent", name, n)
+        got = self._memo.get(key)
+        if got is None:
+            steps, size = self.steps, len(self.steps)
+            got = self._memo[key] = [steps[i].get(name) for i in range(max(0, size - n), size)] if n > 0 else []
+        return got
+
+    def window(self, name: str, n: int) -> tuple:
+        """(``recent(name, n)``, whether every value is finite, their median when they all are
+        and there are some, else None), built once per record: the rules share it."""
+        if n == self.th.sustain and name in self._windows:
+            return self._windows[name]
+        key = (name, n)
+        got = self._memo.get(key)
+        if got is None:
+            vals = self.recent(name, n)
+            bad = self._bad.get(name)
+            fin = bad <= self.n_steps - len(vals) if bad is not None and n <= self._cap else all(map(is_finite, vals))
+            got = self._memo[key] = (vals, fin, median(vals) if fin and vals else None)
+        return got
 
     def lr_note(self) -> str:
         lr = self.steps[-1].get("lr") if self.steps else None
@@ -291,18 +355,19 @@ class StuckAuroc(RecordRule):
 
 def _median_finite(values) -> Optional[float]:
     vals = [v for v in values if is_finite(v)]
-    return statistics.median(vals) if vals else None
+    return median(vals) if vals else None
 
 
 class ChanceLoss(RecordRule):
     kind = "chance_loss"
 
     def update(self, rec):
-        c, n = self.run.chance, self.th.sustain
-        losses = self.run.recent("loss", n)
-        if c is None or len(losses) < n or rec["step"] < self.th.chance_step or not all(map(is_finite, losses)):
+        if rec["step"] < self.th.chance_step:
             return None
-        med = statistics.median(losses)
+        c, n = self.run.chance, self.th.sustain
+        losses, finite, med = self.run._windows["loss"]   # window("loss", --sustain), built by Run.add
+        if c is None or len(losses) < n or not finite:
+            return None
         if abs(med - c) > self.th.chance_margin * c:
             return None
         return anomaly("chance_loss", f"median loss of the last {n} = {shown(med)} within {self.th.chance_margin:.0%} "
@@ -318,8 +383,13 @@ class _Sustained(RecordRule):
         raise NotImplementedError
 
     def values(self):
+        if self.th.sustain < 1:
+            return None
+        newest = self.run.steps[-1].get("grad_norm") if self.run.steps else None
+        if not (is_finite(newest) and self.holds(newest)):
+            return None  # the newest is one of the window: the condition does not hold for all
         vals = self.run.recent("grad_norm", self.th.sustain)
-        if self.th.sustain < 1 or len(vals) < self.th.sustain:
+        if len(vals) < self.th.sustain:
             return None
         return vals if all(is_finite(v) and self.holds(v) for v in vals) else None
 
@@ -376,10 +446,11 @@ class Diverged(RecordRule):
         """The chance loss when the start record (or --num-labels) says what it is: never the
         default label count guessed for a record without a task (it may be an LM's loss)."""
         start, run = self.run.start, self.run
-        if (run.task == "lm" and start.get("vocab_size")) or (
-                run.task == "classification" and (start.get("num_labels") or run.num_labels_given)):
-            return run.chance
-        return None
+        fixed = run._fixed
+        if "declared_chance" not in fixed:
+            fixed["declared_chance"] = run.chance if (run.task == "lm" and start.get("vocab_size")) or (
+                run.task == "classification" and (start.get("num_labels") or run.num_labels_given)) else None
+        return fixed["declared_chance"]
 
     def _fix(self) -> str:
         return (f"The loss diverged and stays finite: halve the learning rate{self.run.lr_note()}, or add "
@@ -387,10 +458,11 @@ class Diverged(RecordRule):
 
     def update(self, rec):
         n, k = self.th.sustain, self.th.diverge_factor
-        losses = self.run.recent("loss", n)
-        if n < 1 or len(losses) < n or not all(map(is_finite, losses)):
+        if n < 1:
             return None
-        med = statistics.median(losses)
+        losses, finite, med = self.run._windows["loss"]   # window("loss", --sustain), built by Run.add
+        if len(losses) < n or not finite:
+            return None
         improved = self.best is None or med < self.best
         if improved:
             self.best = med
@@ -398,7 +470,9 @@ class Diverged(RecordRule):
         if c and med > k * c:
             return anomaly("diverged", f"median loss of the last {n} = {shown(med)} > {shown(k * c)} ({k:g} x chance "
                            f"{self.run.chance_name()} = {c:.4g})", rec["step"], self._fix())
-        rise = self.run.recent("loss", 2 * n)
+        steps = self.run.steps
+        first = steps[-2 * n].get("loss") if len(steps) >= 2 * n else None   # rise[0], read before the list
+        rise = self.run.recent("loss", 2 * n) if is_finite(first) and first > 0 and losses[-1] > k * first else ()
         if (len(rise) == 2 * n and all(map(is_finite, rise)) and rise[0] > 0 and rise[-1] > k * rise[0]
                 and all(b > a for a, b in zip(rise, rise[1:]))):
             return anomaly("diverged", f"loss rising at each of the last {2 * n} records = {shown(rise[0])} -> "
@@ -429,7 +503,7 @@ class LossSpike(RecordRule):
         if not is_finite(loss):
             return None
         if len(self.normal) == self.normal.maxlen:
-            mean = statistics.fmean(self.normal)
+            mean = math.fsum(self.normal) / len(self.normal)   # statistics.fmean
             if mean > 0 and loss > self.th.spike_factor * mean:
                 self.held.append(loss)
                 if len(self.held) >= self.th.sustain:
@@ -439,7 +513,8 @@ class LossSpike(RecordRule):
                                    "the data around this step for a bad shard, and restart from the last "
                                    "checkpoint before it")
                 return None
-        self.held = []
+        if self.held:
+            self.held = []
         self.normal.append(loss)
         return None
 
@@ -483,13 +558,17 @@ class Throughput(RecordRule):
         self.baseline: list = []
         self.first_sps: list = []
         self.since: Optional[tuple] = None   # (t, step) when the drop began
+        self._floor: Optional[tuple] = None  # ((len(baseline), len(first_sps)), floor()): once per baseline
 
     def floor(self) -> Optional[tuple]:
         base = self.baseline or self.first_sps[1:]
         if not base:
             return None
-        med = statistics.median(base)
-        return med, med * (1 - self.th.throughput_drop)
+        key = (len(self.baseline), len(self.first_sps))   # the lists only grow: their lengths say when
+        if self._floor is None or self._floor[0] != key:
+            med = median(base)
+            self._floor = (key, (med, med * (1 - self.th.throughput_drop)))
+        return self._floor[1]
 
     def update(self, rec):
         step, sps, t = rec["step"], rec.get("sps"), rec.get("t")
@@ -498,12 +577,11 @@ class Throughput(RecordRule):
                 (self.baseline if step > self.th.warmup_steps else self.first_sps).append(sps)
             return None
         f = self.floor()
-        recent = self.run.recent("sps", self.th.sustain)
-        if f is None or t is None or len(recent) < self.th.sustain or not all(map(is_finite, recent)):
+        recent, finite, med = self.run._windows["sps"]   # window("sps", --sustain), built by Run.add
+        if f is None or t is None or len(recent) < self.th.sustain or not finite:
             self.since = None
             return None
         base, floor = f
-        med = statistics.median(recent)
         if med >= floor:
             self.since = None
             return None
@@ -537,19 +615,23 @@ class RecordRules:
         self.run = Run(self.th, start, self.num_labels_given)
         self.rules = [cls(self.th, self.run) for cls in self.classes]
         self.hits: dict = {}
+        self._on = {k: [r for r in self.rules if k in r.on] for k in ("step", "eval", "fatal")}  # in rule order
 
-    def add(self, rec: dict) -> None:
-        kind = kind_of(rec)
+    def add(self, rec: dict, kind: Optional[str] = "?") -> None:
+        """Fold one record (``kind``: its ``kind_of`` when the caller has it)."""
+        if kind == "?":
+            kind = kind_of(rec)
         if kind == "start":
             self.starts += 1
             self.attempts = self.attempts[-15:] + [[rec, None]]
             self._new(rec)
             return
         if kind == "step" and self.attempts and self.attempts[-1][1] is None:
-            self.attempts[-1][1] = rec["step"]
+            self.attempts[-1][1] = rec["step"]   # (a start record returned above)
         self.run.add(rec, kind)
-        for rule in self.rules:
-            if kind in rule.on and rule.kind not in self.hits:
+        hits = self.hits
+        for rule in self._on.get(kind, ()):
+            if rule.kind not in hits:
                 found = rule.update(rec)
                 if found is not None:
-                    self.hits[rule.kind] = found
+                    hits[rule.kind] = found

@@ -20,7 +20,6 @@ A CANCELLED job's canceller comes from sacct's ``CANCELLED by UID`` when account
 from __future__ import annotations
 
 import os
-import pwd
 import re
 import subprocess
 from dataclasses import dataclass
@@ -116,6 +115,7 @@ def _exit(text: str) -> tuple[Optional[int], Optional[int]]:
 
 def _user(uid: str) -> str:
     if uid.isdigit():
+        import pwd
         try:
             return f"{pwd.getpwuid(int(uid)).pw_name} (uid {uid})"
         except KeyError:

@@ -20,6 +20,7 @@ METRICS = "metrics.jsonl"            # the telemetry contract (the training scri
 SENTINEL = "final_val_metrics.json"  # the completion sentinel (the training script, last)
 LOG = "train.log"                    # the trainer's stdout and stderr (the launcher appends)
 WATCHDOG_STATE = "watchdog.json"     # the watchdog's state, each poll (state.WatchState)
+SCAN_STATE = ".scan.json"            # what a scan of metrics.jsonl learned, beside it (scan.Scan)
 WATCHDOG_LOG = "watchdog.log"        # a detached watchdog's one line
 LAUNCH = "launch.json"               # the launches of the folder (state.read_launch)
 ON_EXIT_LOG = "on_exit.log"          # what --on-exit commands printed
