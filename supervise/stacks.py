@@ -24,11 +24,10 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from supervise.logs import (KILLED_NOT_OOM, cgroup_dir, is_fallout, kernel_oom_lines, killed_reason,
-                            last_error, log_tail, oom_kills, oom_line, root_cause)
+                            last_error, log_tail, oom_kills, root_cause)
 
 DATA = Path(__file__).parent / "data"
 

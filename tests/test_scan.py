@@ -16,8 +16,8 @@ import pytest
 from conftest import SCRIPTS, run_script
 from test_rules import SEQUENCES, falling, fold, steps
 from supervise import scan as sc
-from supervise.contract import TailReader, atomic_write_json
-from supervise.engine import Observer, assess
+from supervise.contract import atomic_write_json
+from supervise.engine import assess
 from supervise.judge import RECORD_RULES, judge
 from supervise.observation import Observation, Records, frozen
 from supervise.rules import RecordRules

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, WATCHDOG, anomaly_line, assert_checkin_agrees, end_group, kind_of, launch_line, \
-    pid_alive, run_script, shell, start_script, wait_for, wait_for_lines
+    pid_alive, run_script, shell, wait_for, wait_for_lines
 from supervise import stacks as st
 from supervise.telemetry import stack_signal
 
