@@ -18,7 +18,7 @@ from pathlib import Path
 FLOORS = [
     ("ground", {"vocabulary", "thresholds", "cli", "contract", "probes", "state", "observation", "registry",
                 "telemetry"}),
-    ("knowledge", {"logs", "rules", "ranks", "slurm", "checkpoints"}),
+    ("knowledge", {"logs", "rules", "ranks", "slurm", "checkpoints", "volumes"}),
     ("engine", {"engine", "judge", "recovery", "launch", "stop"}),
 ]
 

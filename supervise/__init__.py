@@ -8,7 +8,8 @@ The house, ground floor first; a module imports only from its own floor or below
   types), ``contract`` (records, the tail reader, atomic writes), ``probes`` (processes and
   their one liveness test, GPU, disk), ``state`` (watchdog.json and launch.json, typed),
   ``observation`` (the frozen ``Observation`` and ``Verdict``), ``registry``, ``telemetry``;
-- knowledge: ``logs``, ``rules`` (the record rules), ``ranks``, ``slurm``, ``checkpoints``;
+- knowledge: ``logs``, ``rules`` (the record rules), ``ranks``, ``slurm``, ``checkpoints``,
+  ``volumes`` (the free space of the volumes a run writes to, whatever fills them);
 - engine: ``engine`` (observe), ``judge`` (the one rule table, and the verdict), ``recovery``
   (the relaunch line), ``launch`` and ``stop``;
 - front doors: ``watch``, ``checkin``, ``plot``, ``smoke``, ``bench``, ``audit``, ``demo``,
