@@ -11,8 +11,10 @@ library only: the watchdog's hot path).
 - ``trend(readings)``: the fill, robust to one save's burst and to deletions: the high-water mark
   of the free space in the oldest third of the readings against the one in the newest third (a
   save later deleted by a rotation, or a burst of writes then deleted, moves neither), trusted
-  only when that fall holds two writes' worth (the biggest fall between two readings) and the
-  free space still falls in the newest third.
+  only when that fall holds two writes' worth (the biggest fall between two readings, or the
+  biggest write seen to end within them: a save over several readings) and the free space still
+  falls in the newest third. A save shorter than a third of the window never moves the newest
+  third's mark.
 - ``rule_ahead(volumes, th, step)``: ``disk`` while the run lives: the volume fills within
   ``--disk-horizon`` at its slope (never extrapolated beyond ``--disk-extrapolate`` x the span it
   was measured over); or the next write (repeated writes, none freed since) will not fit with
@@ -32,7 +34,7 @@ from typing import Mapping, Optional, Sequence
 
 from .checkpoints import mount_point, size
 from .thresholds import Thresholds
-from .vocabulary import Anomaly, anomaly, secs
+from .vocabulary import WATCHDOG_LOG, WATCHDOG_STATE, Anomaly, anomaly, secs
 
 MB = 1e6
 RESOLUTION = 1e6       # bytes: a change of free space under this between two readings is noise, not a write
@@ -44,6 +46,7 @@ SCAN_GAP = 10.0        # s between two scans made because the free space fell
 BURSTS = 8             # writes remembered per volume, however old
 SHOWN = 2              # growing entries an anomaly names
 ONE_FILE = 0.8         # a file that is this much of its folder's growth is named instead of the folder
+OURS = (WATCHDOG_STATE, WATCHDOG_LOG, ".watchdog.lock")   # the supervisor's own files: never what fills it
 
 
 @dataclass(frozen=True)
@@ -75,8 +78,10 @@ class Growth:
     new: int = 0                 # of which new
     recent: bool = False         # no earlier scan to compare: its size, modified within the window
 
-    def describe(self) -> str:
-        p = _printable(self.path)
+    def describe(self, mount: str = "") -> str:
+        """``run/train.log +15 MB``, ``out +12 MB (3 new files)``: relative to ``mount`` when under it."""
+        p = _printable(os.path.relpath(self.path, mount) if mount and _under(self.path, mount) else self.path)
+        p = p if len(p) <= 80 else f"{p[:30]}...{p[-47:]}"
         if self.recent:
             return f"{p} {size(self.bytes)}" + (f" ({self.files} files)" if self.files > 1 else "")
         what = (f" ({self.new} new files)" if self.new == self.files else f" ({self.files} files)") \
@@ -125,6 +130,10 @@ class VolumeState:
         return max((b for _, b in self.writes), default=None)
 
 
+def _under(path: str, mount: str) -> bool:
+    return mount == os.sep or path == mount or path.startswith(mount.rstrip(os.sep) + os.sep)
+
+
 def _printable(p: str) -> str:
     return "".join(c if c.isprintable() else "?" for c in str(p))
 
@@ -140,15 +149,17 @@ def _rate(slope: float) -> str:
 # ---------------------------------------------------------------------------------------------
 # The trend
 # ---------------------------------------------------------------------------------------------
-def trend(readings: Sequence[Reading]) -> Trend:
-    """The fill of a volume from its readings (oldest first), measured on ``Reading.adj``."""
+def trend(readings: Sequence[Reading], write: float = 0.0) -> Trend:
+    """The fill of a volume from its readings (oldest first), measured on ``Reading.adj``.
+    ``write``: the biggest write seen to end within them (a save over several readings): a fill
+    must hold two of those too."""
     n = len(readings)
     if n < 2:
         return Trend(readings=n)
     t0, tn = readings[0].t, readings[-1].t
     span = tn - t0
     steps = [a.adj - b.adj for a, b in zip(readings, readings[1:])]
-    biggest = max(max(steps), 0)
+    biggest = max(max(steps), write, 0)
     if n < MIN_READINGS or span <= 0:
         return Trend(n, span, biggest=biggest)
     third = span / 3
@@ -202,7 +213,8 @@ def scan(roots: Sequence[str], dev: int, budget: int = SCAN_ENTRIES, depth: int 
                 if st.st_dev != dev:
                     continue
                 if stat.S_ISREG(st.st_mode):
-                    out[e.path] = (_bytes(st), st.st_mtime)
+                    if e.name not in OURS and not e.name.startswith(f".{WATCHDOG_STATE}."):
+                        out[e.path] = (_bytes(st), st.st_mtime)
                 elif stat.S_ISDIR(st.st_mode) and level + 1 < depth:
                     queue.append((e.path, level + 1))
     return out, False
@@ -225,7 +237,7 @@ def growing(now_scan: dict, base: Optional[tuple], now: float, window: float) ->
             g = b - old[0] if old is not None else b
             if g > 0:
                 grew[path] = (g, old is None)
-    recent = not grew
+    recent = sum(g for g, _ in grew.values()) < RESOLUTION   # nothing (or noise) grew since the base
     if recent:
         grew = {p: (b, False) for p, (b, m) in now_scan.items() if m >= now - window and b > 0}
     by_dir: dict = {}
@@ -246,10 +258,12 @@ def fills(v: VolumeState) -> str:
     """'growing: A +20 MB (5 new files), B +1.0 MB' or why nothing is named."""
     cut = f" (scan stopped at {SCAN_ENTRIES} entries)" if v.cut else ""
     if v.growth:
-        head = "largest recently written: " if v.growth[0].recent else "growing: "
-        return head + ", ".join(g.describe() for g in v.growth[:SHOWN]) + cut
+        head = "recently written: " if v.growth[0].recent else "growing: "
+        top = v.growth[0].bytes
+        shown = [g for g in v.growth[:SHOWN] if g.bytes >= top / 10]   # what matters beside the biggest
+        return head + ", ".join(g.describe(v.mount) for g in shown) + cut
     if v.scanned:
-        return f"nothing under the run's folders there grew (something else fills {_printable(v.mount)}){cut}"
+        return f"nothing under the run's folders there grew: something else fills it{cut}"
     return ""
 
 
@@ -293,7 +307,9 @@ class _Volume:
     def state(self, free: int, total: int) -> VolumeState:
         writes = tuple(self.writes) + ((tuple(self.open_write),) if self.open_write else ())
         roles = tuple(dict.fromkeys(self.roots.values()))
-        return VolumeState(self.mount, roles, tuple(self.roots), free, total, trend(list(self.readings)), writes,
+        since = self.readings[0].t if self.readings else 0.0
+        closed = max((b for t, b in self.writes if t >= since), default=0.0)
+        return VolumeState(self.mount, roles, tuple(self.roots), free, total, trend(list(self.readings), closed), writes,
                            self.freed_at, self.growth, bool(self.scans), self.cut)
 
     def scan(self, now: float, free: int, window: float) -> None:
@@ -400,8 +416,7 @@ def floor(v: VolumeState, th: Thresholds) -> float:
 
 
 def _floor_text(v: VolumeState, th: Thresholds) -> str:
-    f = floor(v, th)
-    return f"{size(f)} floor (" + ("--disk-free-min" if f >= th.disk_free_min * MB else "a tenth of the volume") + ")"
+    return f"{size(floor(v, th))} floor"
 
 
 def _ahead(v: VolumeState, th: Thresholds) -> Optional[tuple]:
@@ -422,8 +437,8 @@ def _ahead(v: VolumeState, th: Thresholds) -> Optional[tuple]:
     limit = min(th.disk_horizon, reach)
     if ttf >= limit:
         return None
-    why = "--disk-horizon" if th.disk_horizon <= reach else \
-        f"{th.disk_extrapolate:g} x the {_span(t.dt)} the slope was measured over"
+    times = f"{th.disk_extrapolate:g} x " if th.disk_extrapolate != 1 else ""
+    why = "--disk-horizon" if th.disk_horizon <= reach else f"{times}the {_span(t.dt)} the slope was measured over"
     shown, bound = _span(ttf), _span(limit)
     for digits in (1, 2):   # rounded alike: more digits
         if shown == bound:
@@ -433,8 +448,7 @@ def _ahead(v: VolumeState, th: Thresholds) -> Optional[tuple]:
 
 
 def _fix(v: VolumeState) -> str:
-    return (f"free space on {_printable(v.mount)} (delete, rotate or move what grows there) or point the run's "
-            "output at another volume")
+    return "free space there (delete, rotate or move what grows, or write elsewhere)"
 
 
 def rule_ahead(volumes: Sequence[VolumeState], th: Thresholds, step: int) -> Optional[Anomaly]:
