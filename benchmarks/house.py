@@ -18,7 +18,7 @@ from pathlib import Path
 FLOORS = [
     ("ground", {"vocabulary", "thresholds", "cli", "contract", "probes", "state", "observation", "registry",
                 "telemetry"}),
-    ("knowledge", {"logs", "rules", "scan", "ranks", "slurm", "checkpoints", "stacks"}),
+    ("knowledge", {"logs", "rules", "scan", "ranks", "slurm", "checkpoints", "stacks", "volumes"}),
     ("engine", {"engine", "judge", "recovery", "launch", "stop"}),
 ]
 

@@ -10,7 +10,8 @@ The house, ground floor first; a module imports only from its own floor or below
   ``observation`` (the frozen ``Observation`` and ``Verdict``), ``registry``, ``telemetry``;
 - knowledge: ``logs``, ``rules`` (the record rules), ``scan`` (what a scan learned, kept beside
   watchdog.json), ``ranks``, ``slurm``, ``checkpoints``, ``stacks`` (a hang's stacks: the capture
-  and the phrase that names the frames);
+  and the phrase that names the frames), ``volumes`` (the free space of the volumes a run writes
+  to, whatever fills them);
 - engine: ``engine`` (observe), ``judge`` (the one rule table, and the verdict), ``recovery``
   (the relaunch line), ``launch`` and ``stop``;
 - front doors: ``watch``, ``checkin``, ``plot``, ``smoke``, ``bench``, ``audit``, ``demo``,

@@ -31,6 +31,7 @@ from .rules import RecordRules
 from .scan import Scan
 from .state import WatchState, on_this_host, read_launch
 from .thresholds import Thresholds
+from .volumes import VolumeWatch, explained_bytes
 from .vocabulary import GONE, LAUNCH, LOG, METRICS, SENTINEL, WATCHDOG_STATE
 
 SCAN_EVERY = 10        # polls between /proc scans for new train.log writers while the run lives
@@ -89,6 +90,8 @@ class Observer:
         self.explicit_checkpoint_dirs = tuple(str(d) for d in checkpoint_dirs)
         self.watchdog_state = watchdog_state  # state.WatchState of the run's watchdog (one-shot looks)
         self._ckpt: tuple = (None, None)      # (dirs and run_id, CheckpointWatch or None)
+        self.volumes = VolumeWatch(one_shot=one_shot)   # the free space of every volume the run writes to
+        self._log_elsewhere = os.path.dirname(os.path.realpath(self.log)) != os.path.realpath(self.run_dir)
 
     @property
     def run(self):
@@ -291,6 +294,14 @@ class Observer:
             self._ckpt = (key, CheckpointWatch(dirs, declared_keep(self.run_dir, start)) if dirs else None)
         return self._ckpt[1].poll(now) if self._ckpt[1] is not None else None
 
+    def _volumes(self, now: float, disk) -> tuple:
+        """The VolumeState of the run folder's volume, the log's (when elsewhere) and the checkpoint
+        folders'; the checkpoint probe's complete saves are what it already accounts for."""
+        probe = self._ckpt[1]
+        paths = [(str(self.run_dir), "run folder")] + ([(str(self.log), "log")] if self._log_elsewhere else []) \
+            + [(str(d), "checkpoints") for d in (probe.dirs if probe is not None else ())]
+        return self.volumes.poll(now, paths, self.th, explained_bytes(disk))
+
     def _sample_cpu(self, procs: list, now: float) -> list:
         """The first live root process with its CPU % and RSS: a one-shot look shows them. The
         CPU % is measured since the last look's reading (kept in the scan file), else over the
@@ -386,6 +397,7 @@ class Observer:
         util, idle_for, gpu_lines = self._gpu(now, bool(alive), tuple(self.known))
         limit, limit_why = self._time_limit(start, launch)
         disk = self._disk(now, start)
+        volumes = self._volumes(now, disk)
         resume, skipped = None, ()
         if self.one_shot and disk is not None:  # what check-in shows and its relaunch line uses, chosen once
             bad = records.hits.get("nan")
@@ -405,7 +417,7 @@ class Observer:
             sentinel_mtime=sentinel_mtime, log_tail=lines, log_mtime=log_mtime, root_cause=cause, killed=killed,
             ranks=ranks, rank_procs=rank_procs, slurm=job, slurm_waiting=waiting, gpu_util=util,
             gpu_idle_for=idle_for, gpu_lines=gpu_lines, disk=disk, resume=resume, resume_skipped=tuple(skipped),
-            volume_free=disk_free(str(self.run_dir)), last_error=(oom_line(lines) or last_error(lines)) if lines else None,
+            volume_free=disk_free(str(self.run_dir)), volumes=volumes, last_error=(oom_line(lines) or last_error(lines)) if lines else None,
             blind=self.reader.error or why_unreadable(self.log), hold_for=hold,
             time_limit=limit, time_limit_why=limit_why, failed_launches=failed, stopped=stopped,
             watchdog=self._watchdog(start, launch), launch=frozen(launch) if launch else None)

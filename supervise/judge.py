@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from . import ranks as rk, rules as rr, stacks as st
+from . import ranks as rk, rules as rr, stacks as st, volumes as vol
 from .checkpoints import remaining_saves, rule_disk as disk_ahead
 from .logs import ENOSPC, enospc_line, is_fallout, last_error, oom_line
 from .observation import Observation, Verdict
@@ -130,8 +130,10 @@ DISK_FULL = ("The disk is full: delete old checkpoints or rotate them (save_tota
 
 
 def rule_disk(obs, th):
-    """A FATAL, torchrun root cause or last error saying the disk is full (not ``crash``/``dead``);
-    while the run lives, the next save or the remaining saves not fitting (checkpoints.rule_disk)."""
+    """A FATAL, torchrun root cause or last error saying the disk is full (not ``crash``/``dead``),
+    or the trainer dead with a volume of the run full (volumes.rule_full: its log could not take
+    the error); while the run lives, the next save or the remaining saves not fitting
+    (checkpoints.rule_disk), else a volume of the run filling, whatever fills it (volumes.rule_ahead)."""
     step = obs.records.last_step
     fatal = (obs.records.fatal or {}).get("FATAL")
     if fatal and ENOSPC.search(fatal):
@@ -142,12 +144,13 @@ def rule_disk(obs, th):
         err = cause or last_error(tail)
         line = err if err and ENOSPC.search(err) else enospc_line(tail[-LAST_WORDS:]) if err is None else None
         if line is None:
-            return None
+            save = obs.disk.bytes_per_save if obs.disk is not None else None
+            return vol.rule_full(obs.volumes, th, step, _who_died(obs), save, other_error=err is not None)
         return anomaly("disk", f"log line = {line[:160]!r} after the process died", step, DISK_FULL)
     d = obs.disk
-    if d is None:
-        return None
-    return disk_ahead(d, th, remaining_saves(d, obs.records.start.get("total_steps"), step), step)
+    found = disk_ahead(d, th, remaining_saves(d, obs.records.start.get("total_steps"), step), step) \
+        if d is not None else None
+    return found or vol.rule_ahead(obs.volumes, th, step)
 
 
 def rule_crash(obs, th):

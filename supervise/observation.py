@@ -132,6 +132,7 @@ class Observation:
     resume: Any = None               # checkpoints.Checkpoint a relaunch resumes from (choose_resume), or None
     resume_skipped: tuple = ()       # (Checkpoint, why) newer ones it skips: torn, or written after the first NaN
     volume_free: Optional[tuple] = None   # (free, total) bytes of the file system holding RUN_DIR
+    volumes: tuple = ()              # volumes.VolumeState of each volume of the run (run folder, log, checkpoints)
     last_error: Optional[str] = None # the log tail's OOM line, else its last error line
     blind: str = ""                  # why the run cannot be seen, '' when it can
     hold_for: float = 0.0            # s left of the relaunch grace: history alone, no process yet

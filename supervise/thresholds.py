@@ -48,8 +48,12 @@ class Thresholds:
     straggler_ratio: float = _th(0.75, "fraction", "a rank whose sps stays below this fraction of the others' median for --throughput-window: straggler")
     gpu_idle: float = _th(300.0, "s", "the run's GPUs below --gpu-idle-util this long after the startup grace: gpu_idle", True)
     gpu_idle_util: float = _th(5.0, "%", "GPU utilization under this counts as idle")
-    disk_margin: float = _th(1.5, "x", "the next checkpoint save needs this many times the measured bytes per save free on the checkpoints' file system: disk")
+    disk_margin: float = _th(1.5, "x", "the next checkpoint save (or the next repeated write on a volume of the run that frees nothing) needs this many times its measured bytes free on its file system: disk")
     disk_min_saves: int = _th(5, "saves", "complete saves seen staying on disk (none deleted) before the run's remaining saves are projected against the free space; a rotation shows itself only at its limit, a declared save_total_limit at once")
+    disk_window: float = _th(3600.0, "s", "how long the free-space readings of each volume of the run (the run folder's, the log's, the checkpoint folders') are kept to measure its slope: the high-water mark of the oldest third against the newest third, so a save later deleted or a burst of writes then deleted moves nothing", True)
+    disk_horizon: float = _th(1800.0, "s", "a volume of the run that fills within this long at its measured slope, whatever fills it: disk", True)
+    disk_extrapolate: float = _th(1.0, "x", "the slope is trusted this many times as far ahead as the span it was measured over (at most --disk-horizon): at 1, a volume is disk when it would fill sooner than it has been seen filling")
+    disk_free_min: float = _th(64.0, "MB", "a volume of the run with less free than this (at most a tenth of the volume) is full: disk while the run lives, and disk, not dead, when the trainer dies")
 
     @classmethod
     def from_dict(cls, d) -> "Thresholds":

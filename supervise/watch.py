@@ -335,8 +335,8 @@ def sole_watchdog(run_dir: Path):
                              f"{run_dir}) instead of starting a second watchdog")
         f.seek(0)
         f.truncate()
-        f.write(f"{os.getpid()}\n")
-        f.flush()
+        with contextlib.suppress(OSError):   # a full volume: the lock holds without its pid in it
+            os.write(f.fileno(), f"{os.getpid()}\n".encode())
         yield
     finally:
         f.close()
