@@ -48,7 +48,7 @@ def need(module: str):
     try:
         return importlib.import_module(module)
     except ImportError as e:
-        missing(f"{module} is not installed ({e}); pip install -e '.[hf,plot,audit,dev,trl,lightning]'")
+        missing(f"{module} is not installed ({e}); pip install -e '.[hf,trl,lightning,plot,audit,dev,hang]'")
 
 
 @pytest.fixture(autouse=True)

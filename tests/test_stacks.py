@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, WATCHDOG, anomaly_line, assert_checkin_agrees, end_group, kind_of, launch_line, \
+from conftest import ROOT, WATCHDOG, anomaly_line, assert_checkin_agrees, end_group, kind_of, launch_line, missing, \
     pid_alive, run_script, shell, wait_for, wait_for_lines
 from supervise import stacks as st
 from supervise.telemetry import stack_signal
@@ -36,6 +36,12 @@ LOOP = ROOT / "tests" / "ddp_loop.py"
 FAST = ("--poll", "0.2", "--max-stall", "4")
 EXIT_AFTER_VERDICT = 10.0   # s: the capture's deadline is 4 s; the rest is printing and exiting
 PY_SPY = st.find_py_spy()
+
+
+def need_py_spy():
+    """py-spy for a test of the outside way: without it a skip here, a failure under CI=true."""
+    if PY_SPY is None:
+        missing("py-spy is not installed: pip install -e '.[hang]'")
 
 
 # --- helpers --------------------------------------------------------------------------------------
@@ -395,8 +401,8 @@ def test_torchrun_names_the_rank_that_never_reached_the_all_reduce(tmp_path):
         end_group(job)
 
 
-@pytest.mark.skipif(PY_SPY is None, reason="py-spy is not installed (pip install 'supervising-training-runs[hang]')")
 def test_a_process_without_the_integration_is_named_by_py_spy(tmp_path, hung):
+    need_py_spy()
     h = hung(tmp_path, "bare")
     wait_for_lines(tmp_path / "metrics.jsonl", 3)
     rc, line, state, ended = watch(tmp_path)
@@ -416,8 +422,8 @@ def test_without_py_spy_the_line_says_so(tmp_path, hung):
     assert h.proc.poll() is None
 
 
-@pytest.mark.skipif(PY_SPY is None, reason="py-spy is not installed (pip install 'supervising-training-runs[hang]')")
 def test_py_spy_refused_the_line_says_why_and_how_to_allow_it(hung):
+    need_py_spy()
     """The watchdog runs as uid 65534, the trainer as root: ptrace is refused (another user's
     process, no CAP_SYS_PTRACE), and the line says exactly that."""
     prefix, python = as_nobody()
