@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from . import ranks as rk, rules as rr, stacks as st, volumes as vol
+from . import ranks as rk, rules as rr, volumes as vol
 from .checkpoints import remaining_saves, rule_disk as disk_ahead
 from .logs import ENOSPC, enospc_line, is_fallout, last_error, oom_line
 from .observation import Observation, Verdict
@@ -366,7 +366,8 @@ def _stacked(check, keep_fix: bool = False):
             return found
         what, fix = found.message[len(f"ANOMALY {found.kind}: "):at], found.message[at + len(tail):].rstrip(".")
         then = fix[0].lower() + fix[1:] if keep_fix and fix else ""
-        return anomaly(found.kind, what, found.step, st.hang_fix(obs.hang, fix, then))
+        from .stacks import hang_fix   # only once a capture exists: off every look's start-up
+        return anomaly(found.kind, what, found.step, hang_fix(obs.hang, fix, then))
     named.__name__ = check.__name__
     return named
 

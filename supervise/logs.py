@@ -16,7 +16,6 @@ import json
 import os
 import re
 import stat
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, NamedTuple, Optional
@@ -358,11 +357,13 @@ def oom_kills(cgroup: Optional[Path]) -> Optional[int]:
     return None
 
 
-def kernel_oom_lines(pid: Optional[int] = None, runner=subprocess.run, timeout: float = 2.0) -> list[str]:
+def kernel_oom_lines(pid: Optional[int] = None, runner=None, timeout: float = 2.0) -> list[str]:
     """The kernel log's OOM-killer lines (``dmesg``, when this user may read it), those naming
-    ``pid`` when given; [] when dmesg is missing, refused or slow."""
+    ``pid`` when given; [] when dmesg is missing, refused or slow. ``runner``: subprocess.run's
+    stand-in (imported here: a look that finds no death never pays for it)."""
+    import subprocess
     try:
-        p = runner(["dmesg"], capture_output=True, text=True, timeout=timeout)
+        p = (runner or subprocess.run)(["dmesg"], capture_output=True, text=True, timeout=timeout)
     except (OSError, subprocess.SubprocessError):
         return []
     if getattr(p, "returncode", 1) != 0:

@@ -6,6 +6,7 @@ without a GPU."""
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -247,12 +248,18 @@ class GpuReport:
         return mine or list(self.gpus)
 
 
+NVIDIA_DRIVER = ("/dev/nvidiactl", "/proc/driver/nvidia")   # present wherever the driver is, containers included
+
+
 class Nvml:
     """NVML through nvidia-ml-py. ``read()`` never raises: no GPU is a report with a note."""
 
     def __init__(self):
         self._nv = None
         self._note = ""
+        if sys.platform.startswith("linux") and not any(os.path.exists(p) for p in NVIDIA_DRIVER):
+            self._note = "no GPU: no NVIDIA driver here (/dev/nvidiactl and /proc/driver/nvidia absent)"
+            return   # nothing NVML could find: skip its import (a tenth of a check-in's start-up)
         try:
             import pynvml
             pynvml.nvmlInit()

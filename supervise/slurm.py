@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -84,9 +83,11 @@ class SlurmJob:
 
 def _run(runner, argv: list[str]) -> tuple[Optional[int], str, str]:
     """(returncode, stdout, stderr); returncode None with the reason in stderr when the command
-    is missing or too slow."""
+    is missing or too slow. ``runner`` None: subprocess.run (imported here, off the start-up of a
+    look at a run that is no Slurm job)."""
+    import subprocess
     try:
-        p = runner(argv, capture_output=True, text=True, timeout=TIMEOUT_S)
+        p = (runner or subprocess.run)(argv, capture_output=True, text=True, timeout=TIMEOUT_S)
     except FileNotFoundError:
         return None, "", (f"{argv[0]} not found: Slurm's client commands are not on PATH "
                           "(load the slurm module or run this on a login node)")
@@ -173,7 +174,7 @@ def _sacct(job_id: str, runner) -> tuple[Optional[dict], str]:
     return row, "" if row else f"sacct knows no job {job_id}"
 
 
-def query(job_id, runner=subprocess.run) -> SlurmJob:
+def query(job_id, runner=None) -> SlurmJob:
     """The scheduler's view of ``job_id``: squeue, then scontrol for a finished job's exit code
     and output file, then sacct once squeue forgot the job. Never raises: a missing command, a
     timeout or an unknown job gives ``SlurmJob(state=None, error=<one line>)``.
