@@ -33,6 +33,9 @@ def plot(run_dir) -> str:
     _start, steps, evals = read_run(run_dir / METRICS)   # the series drawn: every record, strided
     if not steps and not evals:
         return f"no plot: {run_dir / METRICS} holds no step or eval record yet"
+    png = run_dir / "metrics.png"
+    if png.is_dir() or not os.access(run_dir, os.W_OK):   # refused before the look, which keeps its scan
+        return f"no plot: cannot write {png}: {'it is a directory' if png.is_dir() else 'permission denied'}"
     stride = max(1, len(steps) // MAX_POINTS)
     steps = steps[::stride]
     # the thresholds, chance level and verdict are the watchdog's own: one look by its engine
