@@ -4,7 +4,8 @@ One JSON object per line in ``RUN_DIR/metrics.jsonl``:
 
 - start (optional, first line): ``{"event": "start", "t": 0, "pid", "total_steps",
   "num_labels", "world_size", "batch_size"}``
-- step (every ~10 steps):       ``{"step", "t", "loss", "lr", "grad_norm", "sps"}``
+- step (every ~10 steps):       ``{"step", "t", "loss", "lr", "grad_norm", "sps"}`` (lr, grad_norm
+  and sps optional: a writer leaves out what it does not measure, never writes null for it)
 - eval (every ~250 steps):      ``{"step", "eval_auroc", "eval_acc"}`` (+ ``"eval_loss"``)
 - fatal (just before raising):  ``{"step", "t", "FATAL": "<reason>"}``
 
@@ -42,6 +43,7 @@ START_FIELDS = {"event": TEXT, "t": NUMBER, "pid": INTEGER, "total_steps": INTEG
 START_REQUIRED = ("event", "t")
 STEP_FIELDS = {"step": INTEGER, "t": NUMBER, "loss": NUMBER, "lr": NUMBER,
                "grad_norm": NUMBER, "sps": NUMBER}
+STEP_OPTIONAL = ("lr", "grad_norm", "sps")   # left out when not measured
 EVAL_FIELDS = {"step": INTEGER}           # + any eval_* metric, each a number or null
 FATAL_FIELDS = {"step": INTEGER, "t": NUMBER, "FATAL": TEXT}
 EXPECT_FIELDS = {"event": TEXT, "seconds": NUMBER}
@@ -112,8 +114,8 @@ def _type_ok(value, want: str, name: str) -> bool:
 def validate_record(rec, require: tuple[str, ...] = ()) -> list[str]:
     """Problems with one record, each naming the field; [] when it is valid.
 
-    ``require`` names step-record fields that must be present and finite-typed here (smoke
-    asks for ``grad_norm`` and ``sps``)."""
+    ``require`` names step-record fields that must be present and not null here (the
+    templates' tests ask for ``grad_norm`` and ``sps``)."""
     if not isinstance(rec, dict):
         return [f"not a JSON object but {type(rec).__name__}"]
     kind = kind_of(rec)
@@ -124,17 +126,16 @@ def validate_record(rec, require: tuple[str, ...] = ()) -> list[str]:
         fields.update({k: NUMBER for k in rec if isinstance(k, str) and k.startswith("eval_")})
     problems = []
     for name, want in fields.items():
-        optional = (kind == "start" and name not in START_REQUIRED) or (kind == "eval" and name != "step")
+        optional = ((kind == "start" and name not in START_REQUIRED) or (kind == "eval" and name != "step")
+                    or (kind == "step" and name in STEP_OPTIONAL))
         if name not in rec:
             if not optional:
                 problems.append(f"{kind} record lacks field '{name}'")
         elif not _type_ok(rec[name], want, name) and not ((kind == "eval" or optional) and rec[name] is None):
             problems.append(f"{kind} field '{name}' = {rec[name]!r} is not a {want}")
     for name in require if kind == "step" else ():
-        if name in rec and rec[name] is None:
-            problems.append(f"step field '{name}' is null")
-        elif name not in fields and name not in rec:
-            problems.append(f"step record lacks field '{name}'")
+        if rec.get(name) is None:
+            problems.append(f"step record lacks field '{name}'" if name not in rec else f"step field '{name}' is null")
     return problems
 
 

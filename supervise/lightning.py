@@ -7,7 +7,9 @@ Safe from the sanity check on (Lightning runs it before ``on_train_start``: noth
 until training starts, and sanity-check metrics are never eval records). Rank 0 writes
 metrics.jsonl, every rank its heartbeat file. Step records every ``every`` optimizer steps carry
 the raw loss (``training_step``'s, before the division by ``accumulate_grad_batches``) and the
-pre-clip gradient norm (read in ``on_before_optimizer_step``); the first non-finite one writes
+pre-clip gradient norm (read in ``on_before_optimizer_step``); under manual optimization a
+``training_step`` that returns nothing is read through the loss it logs (``train_loss``,
+``loss``); what is not measured is left out of the record. The first non-finite one writes
 FATAL and raises ``FloatingPointError``. Validation metrics become eval records (``val_loss``
 and ``val/loss`` -> ``eval_loss``); the sentinel is written when ``fit`` completes. Long
 silences are announced (``expect``) as the HF callback announces them: each validation after
@@ -27,6 +29,7 @@ from __future__ import annotations
 import math
 import os
 import time
+import warnings
 
 try:
     import lightning.pytorch as pl
@@ -37,6 +40,7 @@ from supervise.telemetry import Telemetry, check_overrides
 
 
 RESUME_ENV = "SUPERVISE_CKPT_PATH"  # the checkpoint fit() continues from
+TRAIN_LOSS = ("train_loss", "loss", "train/loss", "training_loss", "train_loss_step")  # logged by hand
 VAL_PREFIXES = ("validation_", "validation/", "valid_", "valid/", "val_", "val/", "eval_", "eval/")
 
 
@@ -59,6 +63,7 @@ class TelemetryCallback(pl.Callback):
         self._losses: list = []
         self._grad_norm = None
         self._logged = -1
+        self._warned = False
         self._final: dict = {}
         self._eval_seconds, self._eval_started = 0.0, None
         self._save_seconds, self._save_started = 0.0, None
@@ -114,6 +119,9 @@ class TelemetryCallback(pl.Callback):
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if loss is not None:
             raw = float(loss) * trainer.accumulate_grad_batches
+        else:  # manual optimization with nothing returned: the training loss it logged, if any
+            raw = next((float(trainer.callback_metrics[k]) for k in TRAIN_LOSS if k in trainer.callback_metrics), None)
+        if raw is not None:
             if not math.isfinite(raw):
                 self.tm.step(trainer.global_step, raw)  # writes FATAL and raises
             self._losses.append(raw)
@@ -121,10 +129,15 @@ class TelemetryCallback(pl.Callback):
         if step % self.every == 0 and step != self._logged and step > 0:
             self._logged = step
             losses, self._losses = self._losses, []
+            if not losses:  # no loss to report: no step record (a null loss would read as NaN)
+                if not self._warned:
+                    self._warned = True
+                    warnings.warn("TelemetryCallback: training_step returned no loss and logged none of "
+                                  f"{list(TRAIN_LOSS)}: return the loss or self.log('train_loss', loss)")
+                return
             lr = trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else None
             grad_norm, self._grad_norm = self._grad_norm, None
-            self.tm.step(step, sum(losses) / len(losses) if losses else None, lr=lr,
-                         grad_norm=grad_norm, epoch=trainer.current_epoch)
+            self.tm.step(step, sum(losses) / len(losses), lr=lr, grad_norm=grad_norm, epoch=trainer.current_epoch)
 
     # -- the silences announced: evals (after the first one showed its length) and saves
     def on_validation_start(self, trainer, pl_module):

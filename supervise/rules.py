@@ -290,25 +290,35 @@ _NONFINITE = re.compile(r"non-finite|\bnan\b|\binf(inity)?\b", re.I)
 
 
 class Nan(RecordRule):
-    """A non-finite loss or grad norm in a step record, or a FATAL that says so (the writers
-    raise on the first NaN and write only the FATAL)."""
+    """A non-finite loss, learning rate or grad norm in a step record, a non-finite eval loss, or
+    a FATAL that says so (the writers raise on the first NaN and write only the FATAL). A null
+    (a NaN through a strict JSON encoder) counts as non-finite for the loss, and for another
+    field once the run has reported it as a number: a field never reported is not measured."""
     kind = "nan"
-    on = ("step", "fatal")
+    on = ("step", "eval", "fatal")
+    FIELDS = ("loss", "lr", "grad_norm", "eval_loss")
+    FIX = ("Abort: lower the learning rate, check the inputs for NaN/Inf and keep "
+           "gradient clipping on, then restart from the last good checkpoint")
+
+    def __init__(self, th, run):
+        super().__init__(th, run)
+        self.measured = {"loss": True}   # the fields this run has reported as a finite number (loss: always)
 
     def update(self, rec):
         if "FATAL" in rec:
             if not _NONFINITE.search(rec["FATAL"]):
                 return None
             step = rec.get("step") if rec.get("step") is not None else self.run.last_step
-            return anomaly("nan", f"FATAL = {rec['FATAL'][:160]!r} says a value is not finite", step,
-                           "Abort: lower the learning rate, check the inputs for NaN/Inf and keep "
-                           "gradient clipping on, then restart from the last good checkpoint")
-        for name in ("loss", "grad_norm"):
-            if name in rec and not is_finite(rec[name]):
-                v = rec[name]
+            return anomaly("nan", f"FATAL = {rec['FATAL'][:160]!r} says a value is not finite", step, self.FIX)
+        for name in self.FIELDS:
+            if name not in rec:
+                continue
+            v = rec[name]
+            if is_finite(v):
+                self.measured[name] = True
+            elif v is not None or name in self.measured:
                 return anomaly("nan", f"{name} = {'null' if v is None else shown(v)} is not finite", rec["step"],
-                               "Abort: lower the learning rate, check the inputs for NaN/Inf and keep "
-                               "gradient clipping on, then restart from the last good checkpoint")
+                               self.FIX)
         return None
 
 

@@ -45,8 +45,9 @@ def _records(run_dir: Path):
 
 
 def check_contract(run_dir: Path) -> Row:
-    """Every line valid; sps measured (null only where no interval was measured yet: an attempt's
-    first record); grad_norm noted when no record carries it (the grad rules cannot fire)."""
+    """Every line valid; the optional fields no record carries (grad_norm; sps, which is absent
+    only where no interval was measured yet: an attempt's first record) noted, with the rules
+    that cannot fire without them."""
     path = run_dir / METRICS
     if not path.exists():
         return Row("contract", False, f"{path} does not exist: the script must write RUN_DIR/metrics.jsonl")
@@ -60,13 +61,14 @@ def check_contract(run_dir: Path) -> Row:
     _, steps, evals = _records(run_dir)
     if not steps:
         return Row("contract", False, "no step record: write {step, t, loss, lr, grad_norm, sps} every ~10 steps")
+    blind = []   # optional fields no record carries: the rules that read them cannot fire
+    if not any(r.get("grad_norm") is not None for r in steps):
+        blind.append("grad_norm (grad_explode, grad_collapse; HF: logging_steps <= 10 logs it)")
     if len(steps) > 1 and not any(r.get("sps") is not None for r in steps[1:]):
-        return Row("contract", False, "sps is null in every step record: give the writer batch_size (samples per "
-                   "optimizer step) so that throughput is measured")
-    grads = sum(r.get("grad_norm") is not None for r in steps)
-    note = "" if grads else "; grad_norm is null in every record, so grad_explode/grad_collapse cannot fire " \
-                            "(HF: logging_steps <= 10 logs it)"
-    return Row("contract", True, f"{len(steps)} step and {len(evals)} eval records valid, sps measured{note}")
+        blind.append("sps (throughput; give the writer batch_size, samples per optimizer step)")
+    note = "; not measured, so their rules cannot fire: " + ", ".join(blind) if blind else ""
+    return Row("contract", True, f"{len(steps)} step and {len(evals)} eval records valid"
+               f"{', sps measured' if 'sps' not in note else ''}{note}")
 
 
 def _final_loss(steps) -> Optional[float]:

@@ -523,13 +523,15 @@ except ImportError:  # this file copied alone: verbatim copies of supervise/tele
 
         # -- the calls a training loop makes
         def step(self, step, loss, *, lr=None, grad_norm=None, sps=None, **extra):
-            """One step record (rank 0) and one heartbeat (every rank); returns the step record. A
-            non-finite loss or grad norm writes FATAL and raises FloatingPointError: never train on
-            after a NaN. sps, unless given: samples per second across all ranks (batch_size x
-            world_size) since the last step record or mark()."""
+            """One step record (rank 0) and one heartbeat (every rank); returns the step record.
+            Only ``step`` and ``loss`` are required: lr, grad_norm, sps and any extra field left out
+            (or None) are left out of the record, never written as null ("not measured" is not NaN).
+            A non-finite loss, lr or grad norm writes FATAL and raises FloatingPointError: never train
+            on after a NaN. sps, unless given: samples per second across all ranks (batch_size x
+            world_size) since the last step record or mark(); absent without batch_size."""
             step, now = int(step), time.time()
-            loss, grad_norm = self._num(loss), self._num(grad_norm)
-            for name, value in (("loss", loss), ("grad_norm", grad_norm)):
+            loss, lr, grad_norm = self._num(loss), self._num(lr), self._num(grad_norm)
+            for name, value in (("loss", loss), ("lr", lr), ("grad_norm", grad_norm)):
                 if isinstance(value, float) and not math.isfinite(value):
                     reason = f"non-finite {name} {value} at step {step}"
                     self.fatal(step, reason)
@@ -541,12 +543,10 @@ except ImportError:  # this file copied alone: verbatim copies of supervise/tele
                 sps = round(rank_sps * self.world_size, 3)
             self._mark, self.last_step = (step, now), step
             t = round(now - self.t0, 3)
-            self._append(self._rank_fd, {"rank": self.rank, "local_rank": self.local_rank,
-                                         "host": socket.gethostname(), "pid": os.getpid(),
-                                         "step": step, "t": t, "time": round(now, 3), "sps": rank_sps})
-            extra = {k: self._num(v) for k, v in extra.items()}
-            rec = {"step": step, "t": t, "loss": loss, "lr": self._num(lr), "grad_norm": grad_norm,
-                   "sps": self._num(sps), **extra}
+            beat = {"rank": self.rank, "local_rank": self.local_rank, "host": socket.gethostname(),
+                    "pid": os.getpid(), "step": step, "t": t, "time": round(now, 3)}
+            self._append(self._rank_fd, self._given(beat, sps=rank_sps))
+            rec = self._given({"step": step, "t": t, "loss": loss}, lr=lr, grad_norm=grad_norm, sps=sps, **extra)
             self._write(rec)
             return rec
 
@@ -556,10 +556,17 @@ except ImportError:  # this file copied alone: verbatim copies of supervise/tele
             self._mark = (int(step), time.time())
 
         def eval(self, step, **metrics):
-            """Any eval metrics: keys get an "eval_" prefix when they lack it (loss -> eval_loss)."""
-            rec = {"step": int(step), "t": round(time.time() - self.t0, 3)}
-            for k, v in metrics.items():
-                rec[k if k.startswith("eval_") else "eval_" + k] = self._num(v)
+            """Any eval metrics: keys get an "eval_" prefix when they lack it (loss -> eval_loss); a
+            metric given as None is left out. A non-finite eval loss writes FATAL and raises
+            FloatingPointError, as a non-finite training loss does."""
+            step = int(step)
+            rec = self._given({"step": step, "t": round(time.time() - self.t0, 3)},
+                              **{k if k.startswith("eval_") else "eval_" + k: v for k, v in metrics.items()})
+            loss = rec.get("eval_loss")
+            if isinstance(loss, float) and not math.isfinite(loss):
+                reason = f"non-finite eval_loss {loss} at step {step}"
+                self.fatal(step, reason)
+                raise FloatingPointError(reason + ": lower the learning rate or check the inputs")
             self._write(rec)
             self.mark(step)  # eval time is not training throughput
 
@@ -581,8 +588,7 @@ except ImportError:  # this file copied alone: verbatim copies of supervise/tele
         def done(self, **final):
             """Write the completion sentinel atomically (rank 0), carrying this run's run_id."""
             if self.rank == 0:
-                data = {"run_id": self.run_id, "attempt": self.attempt, "step": self.last_step}
-                data.update({k: self._num(v) for k, v in final.items()})
+                data = self._given({"run_id": self.run_id, "attempt": self.attempt, "step": self.last_step}, **final)
                 fd, tmp = tempfile.mkstemp(prefix=".final.", dir=self.run_dir)
                 with os.fdopen(fd, "w") as f:
                     json.dump(data, f, indent=1)
@@ -690,6 +696,12 @@ except ImportError:  # this file copied alone: verbatim copies of supervise/tele
             except FileNotFoundError:
                 pass
             return n
+
+        @classmethod
+        def _given(cls, rec, **fields):
+            """``rec`` with each field that has a value (None: not measured, so left out)."""
+            rec.update((k, cls._num(v)) for k, v in fields.items() if v is not None)
+            return rec
 
         @staticmethod
         def _num(v):

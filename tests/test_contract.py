@@ -19,7 +19,8 @@ STEP = {"step": 10, "t": 1.5, "loss": 0.6, "lr": 1e-4, "grad_norm": 1.2, "sps": 
     ({"step": 250, "eval_auroc": 0.91, "eval_acc": 0.85, "eval_loss": 0.3}, None),
     ({"event": "start", "t": 0, "pid": 12}, None),         # a partial start record is fine
     ({"step": 3, "t": 1.0, "FATAL": "non-finite loss"}, None),
-    ({k: v for k, v in STEP.items() if k != "sps"}, "step record lacks field 'sps'"),
+    *[({k: v for k, v in STEP.items() if k != name}, None) for name in ("lr", "grad_norm", "sps")],  # not measured
+    ({k: v for k, v in STEP.items() if k != "t"}, "step record lacks field 't'"),
     ({**STEP, "lr": "0.001"}, "step field 'lr' = '0.001' is not a number"),
     ({**STEP, "step": 1.5}, "step field 'step' = 1.5 is not a integer"),
     ({"step": 250, "eval_loss": 2.1}, None),               # v0.2: any eval_* metric
@@ -41,10 +42,10 @@ def test_validate_record(rec, problem):
 def test_validate_file_names_the_line(tmp_path):
     f = tmp_path / "metrics.jsonl"
     f.write_text('{"event":"start","t":0}\n{"step":1,"t":0,"loss":0.7,"lr":0,"grad_norm":1,"sps":3}\n'
-                 'Epoch 1: 10%|#\n{"step":2,"t":1,"loss":0.7,"lr":0,"grad_norm":1}\n{"step":3')
+                 'Epoch 1: 10%|#\n{"step":2,"loss":0.7,"lr":0,"grad_norm":1}\n{"step":3')
     problems = validate_file(f)
     assert problems[0].startswith("line 3: not JSON")
-    assert problems[1] == "line 4: step record lacks field 'sps'"
+    assert problems[1] == "line 4: step record lacks field 't'"
     assert problems[2] == "line 5: torn (no newline at the end of the file)"
 
 

@@ -52,8 +52,8 @@ def test_steps_evals_expect_and_the_sentinel(tmp_path):
     tm.eval(20, loss=Scalar(1.9), eval_auroc=0.8, perplexity=6.7)
     tm.done(eval_loss=1.9, note="best")
     start, s10, s20, expect, ev = lines(tmp_path / "metrics.jsonl")
-    assert s10 == {"step": 10, "t": s10["t"], "loss": 2.5, "lr": 1e-3, "grad_norm": 0.7, "sps": None,
-                   "tokens": 4096.0}
+    assert s10 == {"step": 10, "t": s10["t"], "loss": 2.5, "lr": 1e-3, "grad_norm": 0.7,
+                   "tokens": 4096.0}   # no sps: nothing measured yet, so left out (never null)
     assert s20["sps"] > 0 and s20["t"] >= s10["t"]  # measured from batch_size once two steps exist
     assert expect == {"event": "expect", "t": expect["t"], "seconds": 600.0, "why": "eval"}
     assert {k for k in ev if k.startswith("eval_")} == {"eval_loss", "eval_auroc", "eval_perplexity"}
