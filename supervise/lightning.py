@@ -9,7 +9,8 @@ metrics.jsonl, every rank its heartbeat file. Step records every ``every`` optim
 the raw loss (``training_step``'s, before the division by ``accumulate_grad_batches``) and the
 pre-clip gradient norm (read in ``on_before_optimizer_step``); under manual optimization a
 ``training_step`` that returns nothing is read through the loss it logs (``train_loss``,
-``loss``); what is not measured is left out of the record. The first non-finite one writes
+``loss``) and its norm is the one at ``opt.step()``, after the script's own clipping; what
+is not measured is left out of the record. The first non-finite one writes
 FATAL and raises ``FloatingPointError``. Validation metrics become eval records (``val_loss``
 and ``val/loss`` -> ``eval_loss``); the sentinel is written when ``fit`` completes. Long
 silences are announced (``expect``) as the HF callback announces them: each validation after

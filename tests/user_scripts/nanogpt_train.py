@@ -5,8 +5,9 @@ generated text, on the CPU.
 
     python -u nanogpt_train.py --out_dir=runs/a [--max_iters=80] [--learning_rate=3e-3]
 
-Lines ending in "# supervise" are the whole integration (the grad-norm line already existed;
-it now keeps clip_grad_norm_'s return value). Faults come from the environment (faults.py).
+Lines ending in "# supervise" are SKILL.md's five lines for a plain loop, nothing else: as in
+nanoGPT, clip_grad_norm_'s return value is discarded, so no grad norm is passed (the rules that
+need one stay quiet; nothing is called NaN). Faults come from the environment (faults.py).
 """
 import os
 import time
@@ -116,14 +117,15 @@ while True:
         loss = loss / gradient_accumulation_steps
         X, Y = get_batch('train')
         loss.backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)  # supervise
+    if grad_clip != 0.0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     faults.step_done(iter_num, model.parameters())  # fault
     if iter_num % log_interval == 0:
         lossf = loss.item() * gradient_accumulation_steps
         print(f"iter {iter_num}: loss {lossf:.4f}, time {(time.time() - t0) * 1000:.2f}ms")
-        tm.step(iter_num, lossf, lr=learning_rate, grad_norm=grad_norm)  # supervise
+        tm.step(iter_num, lossf, lr=learning_rate)  # supervise
     iter_num += 1
     if iter_num > max_iters:
         break
