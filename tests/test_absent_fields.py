@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, WATCHDOG, end_group, kind_of, launch_line, need, records, shell, step_of
+from conftest import ROOT, WATCHDOG, end_group, kind_of, launch, launch_line, need, records, shell, step_of
 from supervised import USER_SCRIPTS, WATCH, env
 
 HF = ["--do_train", "--per_device_train_batch_size", "16", "--learning_rate", "1e-2", "--logging_steps", "10",
@@ -71,3 +71,23 @@ def test_a_real_nan_in_a_given_field_is_nan_at_that_step(field, at, step, tmp_pa
                                                           "--nan-in", "weights" if field == "loss" else field])
     assert rc == 7 and kind_of(said) == "nan" and step_of(said) == step, said
     assert field in said, said
+
+
+def test_nanogpt_with_the_five_lines_and_no_grad_norm_runs_to_ok_done(tmp_path):
+    """The issue's case: nanoGPT's train.py (vendored) with SKILL.md's five lines, discarding
+    clip_grad_norm_'s value as nanoGPT does, started with the launcher, the watchdog beside it."""
+    need("torch")
+    run = tmp_path / "run"
+    p = launch(tmp_path, run, sys.executable, "-u", USER_SCRIPTS / "nanogpt_train.py", f"--out_dir={run}",
+               "--max_iters=60", env=env())
+    assert p.returncode == 0, p.stdout + p.stderr
+    wd = subprocess.run([sys.executable, str(WATCHDOG), str(run), *WATCH], capture_output=True, text=True,
+                        env=env(), timeout=400)
+    said = wd.stdout + wd.stderr
+    assert wd.returncode == 0 and said.startswith("OK done: final_val_metrics.json written at step 60"), \
+        said + (run / "train.log").read_text()[-3000:]
+    steps = [r for r in records(run) if "loss" in r]
+    assert [r["step"] for r in steps] == [0, 10, 20, 30, 40, 50, 60] and not any("grad_norm" in r for r in steps)
+    checkin = subprocess.run([sys.executable, str(ROOT / "scripts" / "checkin.py"), str(run)], capture_output=True,
+                             text=True, env=env(), timeout=120)
+    assert checkin.stdout.startswith("DONE") and "poisoned" not in checkin.stdout, checkin.stdout
