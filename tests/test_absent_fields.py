@@ -91,3 +91,27 @@ def test_nanogpt_with_the_five_lines_and_no_grad_norm_runs_to_ok_done(tmp_path):
     checkin = subprocess.run([sys.executable, str(ROOT / "scripts" / "checkin.py"), str(run)], capture_output=True,
                              text=True, env=env(), timeout=120)
     assert checkin.stdout.startswith("DONE") and "poisoned" not in checkin.stdout, checkin.stdout
+
+
+def fold(*steps):
+    """The record rules over a start record and these step records (as a reader sanitizes them)."""
+    from supervise.contract import sanitize
+    from supervise.judge import RECORD_RULES
+    from supervise.rules import RecordRules, Thresholds
+    rules = RecordRules(Thresholds(), RECORD_RULES)
+    for rec in ({"event": "start", "t": 0}, *steps):
+        rules.add(sanitize(rec))
+    return rules.hits
+
+
+@pytest.mark.parametrize("field", ["grad_norm", "lr"])
+def test_a_null_is_nan_only_after_the_field_was_reported_as_a_number(field):
+    """The seed's format through a strict JSON encoder writes null for a NaN: after numbers it is
+    nan at that step; a field that was null from the first record on was never measured."""
+    never = fold(*({"step": s, "t": s, "loss": 1.0, field: None} for s in (10, 20, 30)))
+    assert "nan" not in never, never
+    after = fold({"step": 10, "t": 1, "loss": 1.0, field: 0.5}, {"step": 20, "t": 2, "loss": 1.0, field: None})
+    assert after["nan"].step == 20 and f"{field} = null is not finite" in after["nan"].message, after
+    token = fold({"step": 10, "t": 1, "loss": 1.0, field: float("nan")})   # a NaN token: always nan
+    assert token["nan"].step == 10, token
+    assert fold({"step": 10, "t": 1, "loss": None})["nan"].step == 10   # the loss is always measured
