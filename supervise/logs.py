@@ -227,7 +227,8 @@ def root_cause(lines, error_files: Iterable = ()) -> Optional[RootCause]:
     the block (workers decorated with ``@record``), the rank's own ``[rankN]:`` traceback earlier
     in ``lines``. When the first observed failure is itself fallout (rank 0 aborted on the lost
     peer before torchrun saw the peer's SIGKILL) and the block's "Failures:" list holds a rank
-    that failed on its own, that rank is the cause. Returns None when there is no such block, or
+    that failed on its own, that rank is the cause; else the first rank whose own traceback in
+    ``lines`` is not fallout. Returns None when there is no such block, or
     while it is half written (no closing banner and no traceback field yet: the fields come in one
     order, the traceback last)."""
     lines = [ln.rstrip("\n") for ln in lines]
@@ -241,10 +242,35 @@ def root_cause(lines, error_files: Iterable = ()) -> Optional[RootCause]:
     try:
         failures = max(i for i, ln in enumerate(lines[:head]) if ln.strip() == FAILURES_HEAD)
     except ValueError:
-        return root
-    others = [_failure(lines, i + 1, head, error_files) for i in range(failures + 1, head) if _ENTRY.match(lines[i])]
-    own = [c for c in others if c is not None and not c.fallout and c.signal != "SIGTERM"]
-    return own[0] if own else root
+        failures = None
+    if failures is not None:
+        others = [_failure(lines, i + 1, head, error_files) for i in range(failures + 1, head) if _ENTRY.match(lines[i])]
+        own = [c for c in others if c is not None and not c.fallout and c.signal != "SIGTERM"]
+        if own:
+            return own[0]
+    start = max((i + 1 for i, ln in enumerate(lines[:head]) if ln.strip() == ROOT_HEAD), default=0)
+    return _own_traceback(lines[start:failures if failures is not None else head], root) or root
+
+
+def _own_traceback(lines: list, root: RootCause) -> Optional[RootCause]:
+    """The first rank whose own ``[rankN]:`` traceback in ``lines`` is not fallout, when torchrun's
+    first observed failure (``root``) is: under load torchrun can see rank 0 abort on the lost
+    peer while the rank that raised is still exiting, and then stops that one without listing it.
+    The rank's exitcode and pid are unknown then; host and local rank follow from ``root`` (the
+    log holds this node's workers, numbered contiguously)."""
+    first: dict[int, tuple[int, str]] = {}
+    for i, text in _tracebacks(lines):
+        m = RANK_PREFIX.match(lines[i])
+        if m and not is_fallout(text) and int(m.group(1)) != root.rank:
+            first.setdefault(int(m.group(1)), (i, text))
+    if not first:
+        return None
+    rank, (_, message) = min(first.items(), key=lambda kv: kv[1][0])
+    local = None
+    if root.rank is not None and root.local_rank is not None and rank - root.rank + root.local_rank >= 0:
+        local = rank - root.rank + root.local_rank
+    return RootCause(rank=rank, local_rank=local, host=root.host, exitcode=None, signal=None, error_file=None,
+                     pid=None, time=root.time, message=message)
 
 
 def _failure(lines: list, start: int, head: int, error_files: Iterable) -> Optional[RootCause]:
@@ -296,8 +322,9 @@ def _failure(lines: list, start: int, head: int, error_files: Iterable) -> Optio
     if not message and rank is not None:
         own = [RANK_PREFIX.sub("", ln, count=1) for ln in lines[:head]
                if (m2 := RANK_PREFIX.match(ln)) and int(m2.group(1)) == rank]
-        found = _tracebacks(own)
-        message = found[-1][1] if found else None
+        found = [text for _, text in _tracebacks(own)]
+        real = [t for t in found if not is_fallout(t)]   # a chained teardown error comes after the cause
+        message = (real or found)[-1] if found else None
     return RootCause(rank=rank, local_rank=local_rank, host=fields.get("host", ""), exitcode=exitcode,
                      signal=signal, error_file=error_file, pid=pid, time=fields.get("time", ""),
                      message=message, fallout=bool(message) and is_fallout(message))

@@ -60,6 +60,37 @@ def test_a_fallout_first_failure_yields_to_the_rank_that_failed_on_its_own():
     assert root_cause(alone).rank == 0 and root_cause(alone).fallout
 
 
+def test_a_fallout_first_failure_with_no_other_failure_listed_yields_to_the_rank_that_raised():
+    """Under load torchrun can see rank 0 abort on the closed connection while rank 1, which raised,
+    is still exiting; it then stops rank 1 unlisted ("<NO_OTHER_FAILURES>"). Rank 1's own traceback
+    in the log names the cause; its exitcode and pid are unknown, so the line does not invent them."""
+    text = lines("torchrun_raise_record.log")
+    head, fails = text.index("Root Cause (first observed failure):"), text.index("Failures:")
+    rank0 = [ln.replace("-15 (pid: 5081)  (SIGTERM)", "-6 (pid: 5081)  (SIGABRT)")
+             for ln in text[fails + 2:text.index("-" * 60, fails)]]
+    aborted = text[:fails + 1] + ["  <NO_OTHER_FAILURES>", "-" * 60, text[head], "[0]:"] + rank0 + ["=" * 60]
+    cause = root_cause(aborted)
+    assert (cause.rank, cause.local_rank, cause.host, cause.exitcode, cause.pid, cause.fallout) == \
+        (1, 1, "localhost", None, None, False)
+    assert last_error(aborted) == "rank 1 (local_rank 1 on localhost): RuntimeError: injected failure on rank 1 at step 10"
+    assert "Connection closed by peer" in root_cause(aborted[fails - 1:]).message   # no rank traceback: say the fallout
+    earlier = ["[rank1]: Traceback (most recent call last):", "[rank1]: ValueError: an earlier attempt",
+               text[head], "=" * 60, *aborted[fails - 1:]]     # an earlier attempt's block, then this one's
+    assert root_cause(earlier).fallout                         # the earlier attempt's traceback is not this one's
+
+
+def test_a_chained_teardown_error_does_not_hide_the_rank_own_error():
+    """Rank 1 raises, then its teardown fails on the closed group: the cause is the first error."""
+    text = lines("torchrun_raise_norecord.log")
+    last = max(i for i, ln in enumerate(text) if ln.startswith("[rank1]: RuntimeError: injected"))
+    chained = text[:last + 1] + ["[rank1]: ", "[rank1]: During handling of the above exception, another exception occurred:",
+                                 "[rank1]: ", "[rank1]: Traceback (most recent call last):",
+                                 '[rank1]:   File "ddp_loop.py", line 90, in <module>',
+                                 "[rank1]: torch.distributed.DistBackendError: [../gloo/pair.cc:553] Connection closed by peer"] \
+        + text[last + 1:]
+    assert root_cause(chained).message == "RuntimeError: injected failure on rank 1 at step 10"
+
+
 @pytest.mark.parametrize("log, expected", [
     ("torchrun_raise_record.log", "exitcode 1: RuntimeError: injected failure on rank 1 at step 10"),
     ("torchrun_raise_norecord.log", "exitcode 1: RuntimeError: injected failure on rank 1 at step 10"),

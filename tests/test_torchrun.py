@@ -133,7 +133,9 @@ def test_rank_1_raising_is_reported_with_its_own_error(job):
     tail = log_tail(j.log)
     assert any("Connection closed by peer" in ln for ln in tail)      # rank 0's fallout is in the log
     err = last_error(tail)
-    assert re.fullmatch(r"rank 1 \(local_rank 1, pid \d+ on \S+\) exitcode 1: "
+    # torchrun lists rank 1 with its pid and exitcode; under load it can see rank 0's abort first and
+    # stop rank 1 unlisted, and then rank 1's own traceback names the cause without them
+    assert re.fullmatch(r"rank 1 \(local_rank 1(, pid \d+)? on \S+\)( exitcode 1)?: "
                         r"RuntimeError: injected failure on rank 1 at step 10", err), err
     a = root_cause_anomaly(root_cause(tail), step=10)
     assert a.kind == "crash" and "injected failure on rank 1" in a.message
