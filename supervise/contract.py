@@ -360,12 +360,16 @@ def dumps(rec: dict) -> str:
 def atomic_write_json(path: str | os.PathLike, obj, indent: int | None = 1) -> None:
     """Write JSON to a temporary file in the same folder, then rename it over ``path``
     (``indent=None``: one compact line, through json's C encoder: the watchdog's every poll)."""
+    atomic_write_text(path, json.dumps(obj, indent=indent, default=str) + "\n")  # the C encoder when indent is None
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to a temporary file in the same folder, then rename it over ``path``."""
     path = Path(path)
     fd, tmp = _temp_beside(path)
     try:
         with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(obj, indent=indent, default=str))  # dumps: the C encoder when indent is None
-            f.write("\n")
+            f.write(text)
         os.replace(tmp, path)
     except BaseException:
         try:

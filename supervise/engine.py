@@ -53,9 +53,11 @@ class Observer:
     def __init__(self, run_dir, thresholds: Thresholds = Thresholds(), pids=(), log=None,
                  sentinel: str = SENTINEL, gpu=None, num_labels_given: bool = False, clock=time.time,
                  one_shot: bool = False, slurm_job: Optional[str] = None, slurm_runner=None,
-                 notable: bool = True, checkpoint_dirs: tuple = (), watchdog_state=None, keep_scan: bool = True):
+                 notable: bool = True, checkpoint_dirs: tuple = (), watchdog_state=None, keep_scan: bool = True,
+                 from_now: bool = False):
         self.run_dir = Path(run_dir)
         self.th = thresholds
+        self.from_now = from_now         # judge only what is written after this watchdog's start (--from-now)
         self.explicit_pids = tuple(pids)
         self.log = Path(log) if log else self.run_dir / LOG
         self.sentinel = self.run_dir / sentinel
@@ -121,12 +123,21 @@ class Observer:
         self.parents, self.gone_at, self._scanned_at = {}, {}, None
         self.seen_alive &= set(self.known)
 
+    def _launch_is_current(self, launch: dict) -> bool:
+        """Whether launch.json's trainer is the current attempt's: no start record of an earlier
+        attempt came after its launch. A trainer started by hand into a folder the launcher ran
+        wrote the newest start record; the launched one is the old attempt's, whatever
+        launch.json says."""
+        at = launch.get("launched_at")
+        return not is_finite(at) or not any(is_finite(a[0].get("time")) and a[0]["time"] > at
+                                            for a in self.rules.attempts[:-1])
+
     def _discover(self, start: dict, launch: Optional[dict]) -> str:
         """Add every process of the run not yet known; '' when one is visible from here, else
         why none is."""
         for pid in self.explicit_pids:
             self.known.setdefault(pid, "--pid")
-        if launch is not None and on_this_host(launch):
+        if launch is not None and on_this_host(launch) and self._launch_is_current(launch):
             self.known.setdefault(int(launch["pid"]), "launch record")
         pid, host = start.get("pid"), start.get("host")
         remote = isinstance(host, str) and host and host != self.host
@@ -349,6 +360,8 @@ class Observer:
         add, reader = self.rules.add, self.reader
         for rec in reader.records():
             add(rec, reader.kind)
+        if self.from_now and self.polls == 1:
+            self.rules.rebase()   # what was written before this watchdog is what the last one judged
         if self.rules.starts != starts and self.polls > 1:
             self._new_attempt()
         now = self.clock()
@@ -391,7 +404,10 @@ class Observer:
             started = min(started, start["time"])
         if self.slurm_job is not None:
             started = self.slurm_running_since or now  # the grace starts when the job runs
-        ranks = self.rank_files.poll(since=start.get("time")) if relaunch is None else {}
+        heard = start.get("time")
+        if self.from_now and is_finite(heard):
+            heard = max(heard, self.watch_started)
+        ranks = self.rank_files.poll(since=heard) if relaunch is None else {}
         rank_procs = {pid: self.procs.read(pid).state for pid in local_pids(ranks)}
         stall_after, stall_why = self.run.stall.limit()
         util, idle_for, gpu_lines = self._gpu(now, bool(alive), tuple(self.known))
@@ -410,7 +426,8 @@ class Observer:
                 and touched <= self.watch_started:
             hold = max(0.0, self.th.orphan_grace - (now - self.watch_started))
         obs = Observation(
-            now=now, watch_started=self.watch_started, records=records, processes=tuple(procs),
+            now=now, watch_started=self.watch_started, judged_from=self.watch_started if self.from_now else 0.0,
+            records=records, processes=tuple(procs),
             visibility=visibility if not waiting else "", relaunch=relaunch, started=started,
             metrics_mtime=metrics_mtime, quiet_since=quiet, stall_after=stall_after, stall_why=stall_why,
             sentinel=frozen(sentinel) if sentinel is not None else None, sentinel_name=self.sentinel.name,

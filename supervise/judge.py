@@ -31,11 +31,11 @@ from typing import Callable, Optional
 
 from . import ranks as rk, rules as rr, volumes as vol
 from .checkpoints import remaining_saves, rule_disk as disk_ahead
-from .logs import ENOSPC, enospc_line, is_fallout, last_error, oom_line
+from .logs import ENOSPC, enospc_line, is_environment, is_fallout, last_error, oom_line
 from .observation import Observation, Verdict
 from .slurm import slurm_anomaly
 from .thresholds import Thresholds
-from .vocabulary import Anomaly, anomaly, secs
+from .vocabulary import AS_IS, FIX_FIRST, RELAUNCH, STOP_ASK, WATCH_ON, Anomaly, anomaly, secs
 
 # How near the end of the log an error must be to be the process's last word (lines after it).
 LAST_WORDS = 40
@@ -52,6 +52,7 @@ class Rule:
     process: bool = False            # a process/time rule: it has nothing to say about a finished run
     escalates: bool = False          # consulted only over an alarm with a relaunch change, and then reported instead
     alarm_flag: Optional[str] = None  # the Thresholds switch without which it is a check-in warning, not an alarm
+    move: str = FIX_FIRST            # the next move after it (vocabulary.MOVES); ``move_for`` refines a few by the facts
 
     def find(self, obs: Observation, th: Thresholds) -> Optional[Anomaly]:
         return self.check(obs, th) if self.check is not None else obs.records.hits.get(self.kind)
@@ -227,8 +228,8 @@ def rule_fatal(obs, th):
 
 
 def rule_straggler(obs, th):
-    if not obs.ranks:
-        return None
+    if not obs.ranks or obs.now - th.throughput_window < obs.judged_from:
+        return None  # a --from-now watchdog judges a window that began after its start
     return rk.straggler(obs.ranks, obs.now, window_s=th.throughput_window, ratio=th.straggler_ratio)
 
 
@@ -375,29 +376,30 @@ def _stacked(check, keep_fix: bool = False):
 RULES = (
     Rule("blind", rule_blind, process=True),
     Rule("no_progress", rule_no_progress, escalates=True),
-    Rule("nan", change="lr", record=rr.Nan),
-    Rule("fatal", rule_fatal, "same", record=rr.Fatal),
-    Rule("oom", _first(rule_slurm("oom"), rule_oom), "batch", process=True),
-    Rule("disk", rule_disk, "same", process=True),
-    Rule("crash", _first(rule_slurm("crash"), rule_crash), "same", process=True),
-    Rule("node_fail", rule_slurm("node_fail"), "same", process=True),
-    Rule("preempted", rule_slurm("preempted"), "same", process=True),
-    Rule("diverged", change="lr", record=rr.Diverged),
-    Rule("loss_spike", change="lr", record=rr.LossSpike),
-    Rule("dead", _first(rule_slurm("dead"), rule_dead), "same", process=True),
-    Rule("rank_hang", _stacked(rule_rank_hang), "same", process=True),
-    Rule("stall", _stacked(rule_stall), "same", process=True),
+    Rule("nan", change="lr", record=rr.Nan, move=RELAUNCH),
+    Rule("fatal", rule_fatal, "same", record=rr.Fatal, move=AS_IS),
+    Rule("oom", _first(rule_slurm("oom"), rule_oom), "batch", process=True, move=RELAUNCH),
+    Rule("disk", rule_disk, "same", process=True, move=AS_IS),
+    Rule("crash", _first(rule_slurm("crash"), rule_crash), "same", process=True, move=AS_IS),
+    Rule("node_fail", rule_slurm("node_fail"), "same", process=True, move=AS_IS),
+    Rule("preempted", rule_slurm("preempted"), "same", process=True, move=AS_IS),
+    Rule("diverged", change="lr", record=rr.Diverged, move=RELAUNCH),
+    Rule("loss_spike", change="lr", record=rr.LossSpike, move=RELAUNCH),
+    Rule("dead", _first(rule_slurm("dead"), rule_dead), "same", process=True, move=AS_IS),
+    Rule("rank_hang", _stacked(rule_rank_hang), "same", process=True, move=AS_IS),
+    Rule("stall", _stacked(rule_stall), "same", process=True, move=AS_IS),
     Rule("no_telemetry", _stacked(rule_no_telemetry), process=True),
-    Rule("inverted_labels", record=rr.InvertedLabels),
-    Rule("stuck_auroc", record=rr.StuckAuroc),
-    Rule("chance_loss", record=rr.ChanceLoss),
-    Rule("grad_explode", change="lr", record=rr.GradExplode),
-    Rule("grad_collapse", record=rr.GradCollapse),
-    Rule("overfit", record=rr.Overfit, alarm_flag="overfit_alarm"),
-    Rule("throughput", record=rr.Throughput),
-    Rule("straggler", rule_straggler, "same", process=True),
-    Rule("gpu_idle", rule_gpu_idle, "same", process=True),
-    Rule("timeout", _stacked(_first(rule_slurm("timeout"), rule_timeout), keep_fix=True), process=True),
+    Rule("inverted_labels", record=rr.InvertedLabels, move=STOP_ASK),
+    Rule("stuck_auroc", record=rr.StuckAuroc, move=STOP_ASK),
+    Rule("chance_loss", record=rr.ChanceLoss, move=STOP_ASK),
+    Rule("grad_explode", change="lr", record=rr.GradExplode, move=RELAUNCH),
+    Rule("grad_collapse", record=rr.GradCollapse, move=STOP_ASK),
+    Rule("overfit", record=rr.Overfit, alarm_flag="overfit_alarm", move=STOP_ASK),
+    Rule("throughput", record=rr.Throughput, move=WATCH_ON),
+    Rule("straggler", rule_straggler, process=True, move=WATCH_ON),
+    Rule("gpu_idle", rule_gpu_idle, process=True, move=WATCH_ON),
+    Rule("timeout", _stacked(_first(rule_slurm("timeout"), rule_timeout), keep_fix=True), process=True,
+         move=STOP_ASK),
 )
 # Derived from the one table, never kept beside it:
 BY_KIND = {r.kind: r for r in RULES}
@@ -405,16 +407,38 @@ KINDS = tuple(BY_KIND)                                        # every kind, most
 RECORD_RULES = tuple(r.record for r in RULES if r.record)     # what the observer folds the records with
 
 
-def change_for(kind: Optional[str], message: str = "") -> Optional[str]:
-    """The relaunch change for a kind: 'lr', 'batch', 'same', or None (a relaunch does not fix
-    it). No kind (a run found dead by hand) is 'same'; a fatal that says a value is not finite
-    is 'lr'."""
+def move_for(kind: Optional[str], message: str = "", obs: Optional[Observation] = None,
+             th: Optional[Thresholds] = None) -> tuple[str, Optional[str]]:
+    """(the next move, the relaunch change) for a kind: its row's, refined by the facts. No kind
+    (a run found dead by hand) is a relaunch as is. A ``fatal`` that says a value is not finite
+    halves the learning rate. ``crash`` and any other ``fatal`` (the writers record the exception
+    that ended the loop) are a relaunch as is only when the error is the environment's
+    (``logs.is_environment``: NCCL/gloo, CUDA, ECC, a network file system, a signal), else the
+    user's code is fixed first. ``disk`` is fix-first while the trainer lives (free space;
+    it goes on) or until every volume of the run has room (``volumes.shortfall``). A ``stall`` of a
+    stopped process is watch-on (resume it). The change is None unless the move relaunches."""
     if kind is None:
-        return "same"
-    if kind == "fatal" and "non-finite" in message:
-        return "lr"
+        return AS_IS, "same"
     rule = BY_KIND.get(kind)
-    return rule.change if rule else None
+    if rule is None:
+        return FIX_FIRST, None
+    move, change = rule.move, rule.change
+    if kind == "fatal" and "non-finite" in message:
+        move, change = RELAUNCH, "lr"
+    elif kind in ("crash", "fatal") and not is_environment(message):
+        move = FIX_FIRST
+    elif kind == "disk" and obs is not None and th is not None:
+        save = obs.disk.bytes_per_save if obs.disk is not None else None
+        if obs.alive or vol.shortfall(obs.volumes, th, save) is not None:
+            move = FIX_FIRST
+    elif kind == "stall" and obs is not None and any(p.state == "stopped" for p in obs.processes):
+        move = WATCH_ON
+    return move, (change if move in (RELAUNCH, AS_IS) else None)
+
+
+def change_for(kind: Optional[str], message: str = "") -> Optional[str]:
+    """The relaunch change for a kind: 'lr', 'batch', 'same', or None (a relaunch does not fix it)."""
+    return move_for(kind, message)[1]
 
 
 def is_warning(kind: str, th: Thresholds) -> bool:
@@ -463,7 +487,7 @@ def judge(obs: Observation, th: Thresholds) -> Verdict:
     warnings = tuple(a for k, a in obs.records.hits.items() if BY_KIND[k].is_warning(th))
     trainer = [p for p in obs.alive if not p.child]   # a rank or worker outliving the trainer is no reason to wait
     finished = obs.sentinel is not None and not trainer
-    said = _watchdog_verdict(obs, notes, warnings)
+    said = _watchdog_verdict(obs, th, notes, warnings)
     if said is not None:
         return said
     if obs.stopped and not trainer and obs.sentinel is None:
@@ -483,10 +507,11 @@ def judge(obs: Observation, th: Thresholds) -> Verdict:
             continue
         if obs.hold_for > 0:
             return Verdict("watching", "", None, _headline(obs), notes, warnings, recheck_in=obs.hold_for)
-        if change_for(found.kind, found.message) is not None:
+        if move_for(found.kind, found.message, obs, th)[1] is not None:
             found = rule_no_progress(obs, th, last=found.kind) or found
+        move, change = move_for(found.kind, found.message, obs, th)
         return Verdict("anomaly", found.message, found, f"ANOMALY {found.kind}", notes, warnings,
-                       change=change_for(found.kind, found.message))
+                       change=change, move=move)
     if obs.sentinel is not None:
         if obs.hold_for > 0:
             return Verdict("watching", "", None, _headline(obs), notes, warnings, recheck_in=obs.hold_for)
@@ -510,7 +535,7 @@ def _stall_due_in(obs: Observation) -> float:
     return left + 0.25 if left > 0 else 0.0
 
 
-def _watchdog_verdict(obs: Observation, notes: tuple, warnings: tuple) -> Optional[Verdict]:
+def _watchdog_verdict(obs: Observation, th: Thresholds, notes: tuple, warnings: tuple) -> Optional[Verdict]:
     """The verdict a watchdog of this same attempt ended on (a one-shot look renders it: the
     watchdog saw every record and every poll), unless a newer launch has begun since."""
     w = obs.watchdog
@@ -518,8 +543,8 @@ def _watchdog_verdict(obs: Observation, notes: tuple, warnings: tuple) -> Option
         return None
     if w.state == "anomaly":
         a = Anomaly(w.kind, w.step, w.message)
-        return Verdict("anomaly", w.message, a, f"ANOMALY {w.kind}", notes, warnings,
-                       change=change_for(w.kind, w.message))
+        move, change = move_for(w.kind, w.message, obs, th)
+        return Verdict("anomaly", w.message, a, f"ANOMALY {w.kind}", notes, warnings, change=change, move=move)
     return Verdict(w.state, w.message, None, "DONE" if w.state == "done" else "STOPPED", notes, warnings)
 
 

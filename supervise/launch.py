@@ -245,6 +245,15 @@ def launched_line(rec: dict) -> str:
 
 
 # ----------------------------------------------------------------------------- on exit
+def session_id(run_dir, rec: Optional[dict] = None) -> Optional[str]:
+    """The conversation an --on-exit command resumes: launch.json's session_id, else this
+    environment's (CLAUDE_CODE_SESSION_ID, CLAUDE_SESSION_ID); None when neither is known."""
+    rec = read_launch(Path(run_dir)) or {} if rec is None else rec
+    found = rec.get("session_id") if isinstance(rec, dict) else None
+    return found if isinstance(found, str) and found else next(
+        (os.environ[v] for v in SESSION_VARS if os.environ.get(v)), None)
+
+
 def run_on_exit(cmd: str, *, line: str, kind: Optional[str], code: int, run_dir, headline: str = "") -> bool:
     """Run the shell command ``cmd`` once, detached (own session, stdin /dev/null, output
     appended to RUN_DIR/on_exit.log after a header line), with SUPERVISE_VERDICT (the verdict
@@ -272,7 +281,7 @@ def run_on_exit(cmd: str, *, line: str, kind: Optional[str], code: int, run_dir,
         env = {k: v for k, v in os.environ.items() if k != "SUPERVISE_SESSION_ID"}
         env.update({"SUPERVISE_VERDICT": line, "SUPERVISE_KIND": kind or "", "SUPERVISE_EXIT_CODE": str(int(code)),
                     "SUPERVISE_RUN_DIR": str(run)})
-        session = rec.get("session_id") or next((os.environ[v] for v in SESSION_VARS if os.environ.get(v)), None)
+        session = session_id(run, rec)
         if session:
             env["SUPERVISE_SESSION_ID"] = session
         with open(run / ON_EXIT_LOG, "ab") as log:

@@ -81,6 +81,25 @@ def is_fallout(line: str) -> bool:
     return bool(FALLOUT.search(line or ""))
 
 
+# A failure of the machine, the network or the scheduler, not of the script's own code: a relaunch
+# as it is may pass (references/recovery.md's crash row). A device-side assert is the code's.
+ENVIRONMENT = re.compile("|".join((
+    r"\bNCCL\b", r"\b[Gg]loo\b", r"ProcessGroup(?:NCCL|Gloo)", r"DistNetworkError", r"DistStoreError",
+    r"DistBackendError", r"Connection (?:reset|closed|refused|timed out)", r"Broken pipe",
+    r"CUDA error(?!: device-side assert)", r"cudaError(?!Assert)", r"CUBLAS_STATUS_(?:EXECUTION_FAILED|INTERNAL_ERROR)",
+    r"\bECC\b", r"\bXid\b", r"GPU is lost", r"fell off the bus",
+    r"\[Errno (?:5|110|112|113|116|121)\]", r"Stale file handle", r"Input/output error", r"Remote I/O error",
+    r"Transport endpoint is not connected", r"No route to host", r"Host is down",
+    r"\bSIG(?:KILL|TERM|HUP|INT|BUS)\b", r"Signals\.SIG(?:KILL|TERM|HUP|INT|BUS)",
+)))
+
+
+def is_environment(text: str) -> bool:
+    """True when an error names the machine, the network or a signal from outside (NCCL or gloo,
+    CUDA, ECC, Xid, a network file system's OSError, SIGKILL/SIGTERM), not the script's own code."""
+    return bool(ENVIRONMENT.search(text or ""))
+
+
 def _tracebacks(lines: list[str]) -> list[tuple[int, str]]:
     """(index, last line) of each traceback in ``lines``, one output stream at a time: torchrun
     interleaves the ranks' "[rankN]: " lines, so each prefix is followed on its own."""

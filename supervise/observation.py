@@ -105,6 +105,7 @@ class Observation:
 
     now: float
     watch_started: float
+    judged_from: float = 0.0         # wall clock: nothing before it is judged (a --from-now watchdog's start), 0: all
     records: Records = field(default_factory=Records)
     processes: tuple = ()            # Proc, the current attempt's (and its children)
     visibility: str = ""             # '' when a run process is visible here, else why none is
@@ -165,6 +166,7 @@ class Verdict:
     warnings: tuple = ()             # rules.Anomaly that do not end the watch (overfit)
     recheck_in: float = 0.0          # s: look once more this soon before trusting what history says
     change: Optional[str] = None     # the relaunch change the kind calls for: lr | batch | same | None
+    move: Optional[str] = None       # the next move (vocabulary.MOVES) after an anomaly
 
     @property
     def code(self) -> int:

@@ -301,6 +301,70 @@ def relaunch_plan(start: dict, verdict: Verdict, run_dir, *, python: Optional[st
     return line, "; ".join(n for n in notes if n)
 
 
+def fresh_folder(run_dir) -> Path:
+    """A folder beside ``run_dir`` that does not exist yet: RUN-fresh, RUN-fresh2, ..."""
+    run = Path(os.path.abspath(run_dir))
+    n, new = 1, run.with_name(run.name + "-fresh")
+    while new.exists():
+        n += 1
+        new = run.with_name(f"{run.name}-fresh{n}")
+    return new
+
+
+def _moved(words, cwd: str, old: Path, new: Path) -> tuple[list[str], bool]:
+    """(``words`` with each one naming ``old`` or a path under it (a path, or --flag=path)
+    naming the same under ``new``, whether any did)."""
+    out, hit = [], False
+    real = os.path.realpath(old)
+    for w in words:
+        flag, eq, value = w.partition("=") if w.startswith("-") and "=" in w else ("", "", w)
+        path = os.path.realpath(os.path.join(cwd, value)) if value and not value.startswith("-") else ""
+        if path == real or path.startswith(real + os.sep):
+            w, hit = f"{flag}{eq}{new if path == real else os.path.join(str(new), os.path.relpath(path, real))}", True
+        out.append(w)
+    return out, hit
+
+
+def moved_flags(flags, run_dir, new: Path) -> list[str]:
+    """A watchdog's flags for the run in ``new`` (its folders that were under ``run_dir`` moved)."""
+    return _moved(list(flags), os.getcwd(), Path(run_dir), new)[0]
+
+
+def fresh_plan(start: dict, run_dir, *, python: Optional[str] = None, window_s: Optional[float] = None
+               ) -> tuple[Optional[str], Optional[Path], str]:
+    """(a launch of the start record's command started over in a new folder, that folder, a note
+    when there is no line): for a run to stop and ask about, the line the user can approve. The
+    folder is ``fresh_folder``; the command's words that name the run folder name the new one;
+    the resume recipe's words are left out (a fresh start, never the old checkpoints)."""
+    argv, cwd = start.get("argv") if isinstance(start, dict) else None, start.get("cwd") if isinstance(start, dict) else None
+    if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv) and isinstance(cwd, str) and cwd):
+        return None, None, "the start record has no argv/cwd: start it over by hand in a new folder"
+    if isinstance(start.get("slurm_job_id"), str) and start["slurm_job_id"]:
+        return None, None, "a Slurm job: submit its batch script again with a new output folder"
+    new = fresh_folder(run_dir)
+    words, _env = recipe(start)
+    for i, w in enumerate(words or []):
+        if w.startswith("-"):
+            flag, eq, _ = w.partition("=")
+            argv = _drop(argv, (flag,), with_value=bool(eq) or (i + 1 < len(words) and not words[i + 1].startswith("-")))
+    argv, hit = _moved(argv, cwd, Path(run_dir), new)
+    if not hit:
+        return None, None, (f"the command does not name {run_dir} (it writes its records there some other way): "
+                            "start it over by hand in a new folder")
+    launch, _ = _launch(start, argv, python)
+    opts = ["--window", f"{window_s:g}s"] if window_s else []
+    line = f"cd {shlex.quote(cwd)} && " + shlex.join([sys.executable or "python3", str(BUNDLE / "scripts" / "launch.py"),
+                                                      str(new), *opts, "--", *launch])
+    return line, new, ""
+
+
+def stop_line(run_dir, launch: Optional[dict], pid: Optional[int]) -> Optional[str]:
+    """The line that stops the run's trainer: stop.py for a launched one, else ``kill`` of its pid."""
+    if launch:
+        return shlex.join([sys.executable or "python3", str(BUNDLE / "scripts" / "stop.py"), os.path.abspath(run_dir)])
+    return f"kill -TERM {pid}" if pid else None
+
+
 def relaunch_line(start: dict, verdict: Verdict, run_dir, **how) -> Optional[str]:
     """The line of ``relaunch_plan``, or None (then its note says why, and the agent asks the user)."""
     return relaunch_plan(start, verdict, run_dir, **how)[0]
@@ -311,12 +375,13 @@ ATTEMPT_FLAGS = ("--pid", "--slurm-job")
 
 
 def watchdog_line(run_dir, *, python: Optional[str] = None, slurm_job: Optional[str] = None,
-                  flags=(), relaunch: bool = False) -> str:
+                  flags=(), relaunch: bool = False, from_now: bool = False) -> str:
     """The watchdog line for the run: ``flags`` are the last watchdog's (``--on-exit`` and
     ``--detach`` included, so a run supervised headlessly stays so); for a relaunch
     (``relaunch``) its ``--pid`` and ``--slurm-job`` are dropped, since they name the old
     attempt's processes (it watches the records after the last start record, so the new
-    attempt's); ``slurm_job``: follow that job."""
+    attempt's); ``slurm_job``: follow that job; ``from_now``: judge only what is written after
+    its start (``--from-now``: watch on after an alarm that needs no relaunch)."""
     exe = python or sys.executable or "python3"
     kept, skip = [], False
     for f in flags:
@@ -327,6 +392,9 @@ def watchdog_line(run_dir, *, python: Optional[str] = None, slurm_job: Optional[
         if relaunch and name in ATTEMPT_FLAGS:
             skip = "=" not in f
             continue
+        if name == "--from-now":
+            continue
         kept.append(f)
     extra = ["--slurm-job", str(slurm_job)] if slurm_job else []
+    extra += ["--from-now"] if from_now else []
     return shlex.join([exe, str(BUNDLE / "scripts" / "watchdog.py"), os.path.abspath(run_dir), *kept, *extra])

@@ -560,11 +560,14 @@ class Overfit(RecordRule):
 
 class Throughput(RecordRule):
     """Median sps of the last --sustain records below the baseline floor for
-    --throughput-window seconds of record time (t). The baseline skips the warm-up."""
+    --throughput-window seconds of record time (t). The baseline skips the warm-up; it is the
+    records up to --baseline-steps after the step the rule began at (0, or where a --from-now
+    watchdog started: its baseline anew)."""
     kind = "throughput"
 
     def __init__(self, th, run):
         super().__init__(th, run)
+        self.origin = run.last_step
         self.baseline: list = []
         self.first_sps: list = []
         self.since: Optional[tuple] = None   # (t, step) when the drop began
@@ -582,9 +585,9 @@ class Throughput(RecordRule):
 
     def update(self, rec):
         step, sps, t = rec["step"], rec.get("sps"), rec.get("t")
-        if step <= self.th.baseline_steps:
+        if step - self.origin <= self.th.baseline_steps:
             if is_finite(sps) and sps > 0:
-                (self.baseline if step > self.th.warmup_steps else self.first_sps).append(sps)
+                (self.baseline if step - self.origin > self.th.warmup_steps else self.first_sps).append(sps)
             return None
         f = self.floor()
         recent, finite, med = self.run._windows["sps"]   # window("sps", --sustain), built by Run.add
@@ -623,9 +626,15 @@ class RecordRules:
 
     def _new(self, start: Optional[dict]) -> None:
         self.run = Run(self.th, start, self.num_labels_given)
+        self.rebase()
+
+    def rebase(self) -> None:
+        """Forget the first hits and the rules' own state (their baselines, windows), keeping the
+        run's facts (its start, steps, evals, rhythm): what comes next is judged anew (a
+        watchdog's --from-now, after an alarm that needs no relaunch)."""
         self.rules = [cls(self.th, self.run) for cls in self.classes]
-        self.hits: dict = {}
-        self._on = {k: [r for r in self.rules if k in r.on] for k in ("step", "eval", "fatal")}  # in rule order
+        self.hits = {}
+        self._on = {k: [r for r in self.rules if k in r.on] for k in ("step", "eval", "fatal")}
 
     def add(self, rec: dict, kind: Optional[str] = "?") -> None:
         """Fold one record (``kind``: its ``kind_of`` when the caller has it)."""

@@ -36,6 +36,15 @@ QUIET = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error",
 ENV = {"PYTHONUNBUFFERED": "1", **QUIET}
 PYTHON = re.compile(r"^(.*/)?python(\d+(\.\d+)?)?$")   # an interpreter's name or path
 
+# ---------------------------------------------------------------------------- the next move
+# What follows an alarm: one per kind in judge.RULES's ``move`` column (references/recovery.md).
+RELAUNCH = "relaunch"      # resume from the last good checkpoint with the kind's change (lr, batch)
+AS_IS = "as_is"            # transient (a signal, a preemption, a lost node, a hang): resume the same command
+WATCH_ON = "watch_on"      # a relaunch does not fix it and the trainer still makes progress: a new watchdog
+FIX_FIRST = "fix_first"    # no relaunch line until what the line names is fixed
+STOP_ASK = "stop_ask"      # the run learns nothing useful: stop it, ask, and a fresh-folder line to approve
+MOVES = (RELAUNCH, AS_IS, WATCH_ON, FIX_FIRST, STOP_ASK)
+
 # ---------------------------------------------------------------------------- processes
 GONE = ("gone", "zombie", "dead")    # process states that are no longer a running process
 

@@ -463,6 +463,32 @@ def rule_ahead(volumes: Sequence[VolumeState], th: Thresholds, step: int) -> Opt
     return None
 
 
+def shortfall(volumes: Sequence[VolumeState], th: Thresholds, save: Optional[float] = None
+              ) -> Optional[tuple[VolumeState, float]]:
+    """(the volume of the run with the least room, the bytes to free there) when one lacks room
+    for the run to go on: its floor, plus one save (``save``, on a checkpoint volume) or its
+    biggest write with the --disk-margin; None when every volume has room (a relaunch may go)."""
+    margin = max(1.0, th.disk_margin)
+    worst = None
+    for v in volumes:
+        per_save = save if "checkpoints" in v.roles else None
+        one = per_save or v.biggest_write() or 0
+        need = floor(v, th) + one * margin - v.free
+        if need > 0 and (worst is None or need > worst[1]):
+            worst = (v, need)
+    return worst
+
+
+def room_line(volumes: Sequence[VolumeState], th: Thresholds, save: Optional[float] = None) -> Optional[str]:
+    """What must be freed before the run can go on (``shortfall``), with what grows there, or None."""
+    found = shortfall(volumes, th, save)
+    if found is None:
+        return None
+    v, need = found
+    said = fills(v)
+    return f"free at least {size(need)} on {v.where} ({size(v.free)} free now{'; ' + said if said else ''})"
+
+
 def rule_full(volumes: Sequence[VolumeState], th: Thresholds, step: int, who: str,
               save: Optional[float] = None, other_error: bool = False) -> Optional[Anomaly]:
     """``disk`` once the trainer died (``who``) with a volume of the run under the floor, or under

@@ -25,7 +25,7 @@ from .cli import Parser, UsageError, front_door, count, duration, fraction, posi
 from .contract import atomic_write_json, read_json, why_unreadable, why_unwritable
 from .engine import Observer
 from .judge import judge
-from .launch import run_on_exit
+from .launch import run_on_exit, session_id
 from .observation import Verdict
 from .probes import process
 from .state import WatchState
@@ -222,6 +222,10 @@ def build_parser() -> Parser:
                    help="start the watchdog detached (its own session, stdin /dev/null, its line appended to "
                         f"RUN_DIR/{WATCHDOG_LOG}) and return at once: for a session that ends (claude -p), with "
                         "--on-exit to wake whoever is there; check-in's next: lines keep it")
+    p.add_argument("--from-now", action="store_true",
+                   help="judge only what is written after this watchdog starts (the record rules' baselines anew, "
+                        "the ranks' rates from now): watch on after an alarm that needs no relaunch (throughput, "
+                        "straggler, gpu_idle), as check-in's next: line says")
     p.add_argument("--detached", action="store_true", help=argparse.SUPPRESS)  # the detached child itself
     p.add_argument("--no-stacks", action="store_true",
                    help="on a hang (stall, rank_hang, a live process past no_telemetry or timeout) take no stacks; by "
@@ -283,6 +287,10 @@ def watch(args, argv: list, gpu=None) -> int:
         why = why_unreadable(path)
         if why:
             raise UsageError(f"{why}; the watchdog would be blind: fix it (a readable regular file) and start again")
+    if args.on_exit and "SUPERVISE_SESSION_ID" in args.on_exit and not _session_known(run_dir):
+        raise UsageError("--on-exit names $SUPERVISE_SESSION_ID but no session id is known (none in launch.json, "
+                         "no CLAUDE_CODE_SESSION_ID here): pass --session-id to the launcher, or start the "
+                         "watchdog from the session")
     if args.slurm_job:
         job = sl.query(args.slurm_job)
         if job.error:
@@ -296,10 +304,15 @@ def watch(args, argv: list, gpu=None) -> int:
         watcher = Watchdog(run_dir, th, stacks=not args.no_stacks, native=args.native_stacks,
                            pids=args.pid, log=log, sentinel=args.sentinel, gpu=gpu,
                            num_labels_given="num_labels" in given, slurm_job=args.slurm_job,
-                           checkpoint_dirs=tuple(args.checkpoint_dir))
+                           checkpoint_dirs=tuple(args.checkpoint_dir), from_now=args.from_now)
         watcher.argv = tuple(flags)
         registry.register(run_dir, os.getpid(), args.pid)
         return run(watcher, on_exit=args.on_exit)
+
+
+def _session_known(run_dir: Path) -> bool:
+    """Whether the --on-exit command will get a SUPERVISE_SESSION_ID (launch.run_on_exit's)."""
+    return bool(session_id(run_dir))
 
 
 def _holder(run_dir: Path) -> str:

@@ -376,9 +376,10 @@ def assert_checkin_agrees(run_dir, line: str, env=None) -> dict:
 
 def verdict_of(kind, message: str = ""):
     """The Verdict a judge gives for an anomaly of ``kind`` (None: a run found dead by hand),
-    with the relaunch change of the rule table: what the relaunch line is built from."""
-    from supervise.judge import change_for
+    with the move and relaunch change of the rule table: what the relaunch line is built from."""
+    from supervise.judge import move_for
     from supervise.observation import Verdict
     from supervise.vocabulary import Anomaly
     found = Anomaly(kind, 0, message) if kind else None
-    return Verdict("anomaly", message, found, f"ANOMALY {kind}" if kind else "DEAD", change=change_for(kind, message))
+    move, change = move_for(kind, message)
+    return Verdict("anomaly", message, found, f"ANOMALY {kind}" if kind else "DEAD", change=change, move=move)

@@ -30,6 +30,7 @@ def words(line):
     return w[w.index("--") + 1:]
 
 
+ENV_CRASH = "ANOMALY crash: last error line = 'RuntimeError: NCCL error: unhandled system error' after pid 1 died"
 TEMPLATE = {"resume": ["--resume"]}  # what the templates declare (+ checkpoint_dir, flags)
 
 
@@ -37,7 +38,7 @@ TEMPLATE = {"resume": ["--resume"]}  # what the templates declare (+ checkpoint_
     # the same command, resumed by the templates' recipe
     ("dead", ["train_torch.py", "--out", "runs/a"], {}, ["python", "-u", "train_torch.py", "--out", "runs/a", "--resume"]),
     ("stall", ["t.py", "--lr=3e-4"], {}, ["python", "-u", "t.py", "--lr=3e-4", "--resume"]),
-    ("crash", ["t.py"], {}, ["python", "-u", "t.py", "--resume"]),
+    ("crash", ["t.py"], {}, ["python", "-u", "t.py", "--resume"]),   # an environment failure (NCCL): ENV_CRASH
     (None, ["t.py", "--resume"], {}, ["python", "-u", "t.py", "--resume"]),  # already resuming: once
     ("preempted", ["t.py"], {}, ["python", "-u", "t.py", "--resume"]),
     # oom: half the batch, twice the accumulation, in the command's own form, or from hparams.json
@@ -60,7 +61,7 @@ def test_the_change_each_kind_calls_for(kind, argv, hparams, expected, tmp_path)
     run.mkdir()
     if hparams:
         (run / "hparams.json").write_text(json.dumps(hparams))
-    line = relaunch_line(start(argv, **TEMPLATE), verdict_of(kind), run)
+    line = relaunch_line(start(argv, **TEMPLATE), verdict_of(kind, ENV_CRASH if kind == "crash" else ""), run)
     assert words(line) == expected
 
 
@@ -70,6 +71,7 @@ def test_the_change_each_kind_calls_for(kind, argv, hparams, expected, tmp_path)
     ("chance_loss", ["t.py"], {}, "a relaunch does not fix chance_loss"),
     ("timeout", ["t.py"], {}, "a relaunch does not fix timeout"),
     ("no_progress", ["t.py"], {}, "a relaunch does not fix no_progress"),
+    ("crash", ["t.py"], {}, "a relaunch does not fix crash"),   # the script's own exception: fix it first
     ("oom", ["t.py", "--batch-size", "1"], {}, "the per-device batch is 1: it cannot be halved"),
     ("oom", ["t.py"], {}, "the batch size is neither on the command line nor in the start record's flags or hparams.json"),
     ("nan", ["t.py"], {}, "no relaunch line: the learning rate is neither on the command line nor in the start record's flags or hparams.json: lower it in the script"),
@@ -173,17 +175,18 @@ def test_an_explicit_checkpoint_wins_and_lightnings_recipe_is_a_variable(tmp_pat
     assert note == f"resumes from {lit / 'last.ckpt'}"
 
 
-def test_a_fatal_from_a_non_finite_value_halves_the_lr(tmp_path):
+def test_a_fatal_from_a_non_finite_value_halves_the_lr_and_any_other_is_fixed_first(tmp_path):
     s = start(["t.py", "--lr", "1e-2"], **TEMPLATE)
     msg = "ANOMALY fatal: FATAL = 'non-finite loss nan at step 31' at step 31. Lower the learning rate."
     assert words(relaunch_line(s, verdict_of("fatal", msg), tmp_path))[-3:] == ["--lr", "0.005", "--resume"]
-    assert words(relaunch_line(s, verdict_of("fatal", "FATAL = 'disk full'"), tmp_path))[-3:] == ["--lr", "1e-2", "--resume"]
+    line, note = relaunch_plan(s, verdict_of("fatal", "FATAL = 'labels are all one class'"), tmp_path)
+    assert line is None and note == "a relaunch does not fix fatal"
 
 
 def test_every_kind_has_a_decision():
     for kind in KINDS:
         assert change_for(kind) in ("batch", "lr", "same", None)
-    assert {k for k in KINDS if change_for(k) is not None} >= {"oom", "nan", "dead", "stall", "crash"}
+    assert {k for k in KINDS if change_for(k) is not None} >= {"oom", "nan", "dead", "stall", "disk"}
 
 
 PY = "/venv/bin/python3"
