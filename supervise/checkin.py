@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import time
 from pathlib import Path
 from typing import Optional
@@ -12,14 +14,16 @@ from typing import Optional
 from . import registry
 from .checkpoints import resume_lines
 from .cli import Parser, UsageError, count, front_door
-from .contract import is_number
+from .contract import atomic_write_text, is_number
 from .engine import assess
 from .ranks import rank_lines
-from .recovery import relaunch_plan, watchdog_line
+from .recovery import fresh_plan, moved_flags, relaunch_plan, stop_line, watchdog_line
 from .state import launch_alive, typed_launch
-from .vocabulary import EXIT_OK, METRICS
+from .volumes import room_line
+from .vocabulary import AS_IS, EXIT_OK, FIX_FIRST, METRICS, PYTHON, STOP_ASK, WATCH_ON
 
 LIMIT = 1500
+FIX = re.compile(r" at step \d+\. (?!.* at step \d+\. )(.*)$", re.S)   # the fix: after the last "at step N."
 SKIP_DIRS = {".git", "node_modules", ".venv", "venv", "__pycache__", "checkpoints", "tb", ".cache"}
 
 
@@ -64,30 +68,104 @@ def _num(v, digits=4) -> str:
     return str(v)
 
 
-def _next(run_dir: Path, obs, verdict) -> list:
-    """What to run next, each one physical line: on an anomaly the relaunch line (the start
-    record's command with the verdict's change, through the launcher, resumed from the checkpoint
-    this check-in names) and the watchdog line for the new attempt (the last watchdog's flags,
-    --on-exit and --detach kept), or why there is none; for a run not yet over that no live
-    watchdog watches, the watchdog line with the flags the last watchdog used."""
+def _fix(verdict) -> str:
+    """The fix sentence of the verdict's line (what follows its ``at step N.``)."""
+    m = FIX.search(verdict.line)
+    return m[1].rstrip(".") if m else "see the line above"
+
+
+def _start(obs) -> dict:
+    """The start record, else what launch.json says of the command (a launch that died before
+    writing one: at import, on a rejected flag)."""
+    start = dict(obs.records.start)
+    launch = obs.launch or {}
+    if not start.get("argv") and isinstance(launch.get("argv"), list) and isinstance(launch.get("cwd"), str):
+        argv = list(launch["argv"])
+        python = argv.pop(0) if argv and PYTHON.match(argv[0]) else None
+        argv = argv[1:] if argv[:1] == ["-u"] else argv
+        start.update(argv=argv, cwd=launch["cwd"], **({"python": python} if python else {}))
+    return start
+
+
+def _next(run_dir: Path, obs, verdict, th) -> tuple[list, list]:
+    """(what to run next, each one physical line; the notes that go with them): the verdict's
+    move (references/recovery.md). After an anomaly: a relaunch (with the kind's change, or as
+    it is) is the relaunch line (the start record's command through the launcher, resumed from
+    the checkpoint this check-in names) and the new attempt's watchdog line (the last watchdog's
+    flags, --on-exit and --detach kept); watch on is a ``--from-now`` watchdog line (after
+    ``kill -CONT`` of a stopped process); fix first is why there is no line; stop and ask is
+    the stop line, then the same command started over in a fresh folder and its watchdog, for
+    the user to approve. For a run not yet over that no live watchdog watches, the watchdog line
+    with the flags the last watchdog used."""
     wd = obs.watchdog
     flags = wd.argv if wd is not None else ()
     if verdict.state != "anomaly":
         if verdict.state in ("watching", "finishing") and not (wd is not None and wd.alive) and (
                 obs.alive or obs.visibility):
-            return [watchdog_line(run_dir, flags=flags)]
-        return []
+            return [watchdog_line(run_dir, flags=flags)], []
+        return [], []
     if obs.relaunch is not None and not obs.relaunch.alive:
         return [f"no relaunch line: the last relaunch (pid {obs.relaunch.pid}) died before its start record; "
-                "fix the error above in its command, then relaunch; see references/recovery.md"]
+                "fix the error above in its command, then relaunch; see references/recovery.md"], []
+    kind, move, start = verdict.kind, verdict.move or AS_IS, _start(obs)
+    see = f"see references/recovery.md ({kind})"
+    if move == WATCH_ON:
+        lines = [f"kill -CONT {p.pid}" for p in obs.processes if p.state == "stopped"]
+        return lines + [watchdog_line(run_dir, flags=flags, from_now=True)], [
+            f"keep the trainer running: a relaunch does not fix {kind}; remove the cause while it runs, then watch "
+            "on (--from-now judges only what comes after it)"]
+    if move == FIX_FIRST:
+        if kind == "disk":
+            room = room_line(obs.volumes, th, obs.disk.bytes_per_save if obs.disk is not None else None)
+            if obs.alive:
+                return [f"no relaunch line: the trainer still runs: {room or _fix(verdict)}, then watch on with the "
+                        "next line", watchdog_line(run_dir, flags=flags, from_now=True)], []
+            return [f"no relaunch line until there is room: {room or _fix(verdict)}; then check in again for the "
+                    f"relaunch line; {see}"], []
+        why = ("the error is the script's own (not the machine's, the network's or a signal's), so the same "
+               "command fails the same way: ") if kind in ("crash", "fatal") else ""
+        return [f"no relaunch line: fix first: {why}{_fix(verdict)}; {see}"], []
+    if move == STOP_ASK:
+        live = next((p for p in obs.processes if p.alive and not p.child), None)
+        mine = obs.launch if obs.launch and (live is None or live.pid == obs.launch.get("pid")) else None
+        stop = stop_line(run_dir, mine, live.pid if live else None)
+        fresh, new, why = fresh_plan(start, run_dir, window_s=(obs.launch or {}).get("window_s"))
+        lines = [stop] if stop and (live or mine) else []
+        notes = [f"stop and ask the user: a relaunch does not fix {kind} (the line above says what to check)"]
+        if fresh:
+            lines += [fresh, watchdog_line(new, flags=moved_flags(flags, run_dir, new), relaunch=True)]
+            notes.append(f"{'the first line stops the trainer; ' if len(lines) == 3 else ''}the "
+                         f"{'last two lines start' if len(lines) == 3 else 'lines start'} the same command over in "
+                         f"{new}: run them only once the user approves")
+        else:
+            notes.append(why)
+        return lines, notes
     bad = obs.records.hits.get("nan")
-    line, note = relaunch_plan(dict(obs.records.start), verdict, run_dir,
+    line, note = relaunch_plan(start, verdict, run_dir,
                                checkpoint=str(obs.resume.path) if obs.resume is not None else None,
                                first_bad_step=bad.step if bad is not None else None,
                                window_s=(obs.launch or {}).get("window_s"))
     if line is None:
-        return [f"no relaunch line: {note}; see references/recovery.md ({verdict.kind})"]
-    return [line, watchdog_line(run_dir, flags=flags, relaunch=True)]
+        return [f"no relaunch line: {note}; {see}"], []
+    said = [n for n in note.split("; ") if n and not n.startswith("resumes from ")]  # the resume line says that
+    return [line, watchdog_line(run_dir, flags=flags, relaunch=True)], said
+
+
+def _whole(run_dir: Path, lines: list) -> list:
+    """Each next: line as it is, or, longer than check-in's whole budget, written to
+    RUN_DIR/next-N.sh and shown as ``bash RUN_DIR/next-N.sh``: what the agent runs is exactly
+    what was built. A folder that cannot be written keeps the line whole."""
+    out = []
+    for i, line in enumerate(lines, 1):
+        if len(line) > LIMIT:
+            path = run_dir.resolve() / f"next-{i}.sh"
+            try:
+                atomic_write_text(path, f"#!/bin/sh\n# check-in's next: line {i}\n{line}\n")
+                line = f"bash {shlex.quote(str(path))}"
+            except OSError:
+                pass
+        out.append(line)
+    return out
 
 
 def _resume(obs) -> list:
@@ -104,7 +182,8 @@ def gather(run_dir: Path, k: int = 5, now: Optional[float] = None, gpu=None) -> 
     one Verdict of the watchdog's own observer and judge (engine.assess), rendered; nothing is
     read or probed here."""
     now = now or time.time()
-    _, obs, verdict = assess(run_dir, gpu=gpu)
+    observer, obs, verdict = assess(run_dir, gpu=gpu)
+    nxt, next_notes = _next(run_dir, obs, verdict, observer.th)
     wd, rec = obs.watchdog, obs.records
     start = dict(rec.start) or None
     steps, evals = list(rec.steps), list(rec.evals)
@@ -138,7 +217,7 @@ def gather(run_dir: Path, k: int = 5, now: Optional[float] = None, gpu=None) -> 
         "process": None if proc is None else {
             "pid": proc.pid, "state": proc.state, "why": proc.why, "cpu_percent": proc.cpu_percent,
             "rss_mb": proc.rss / 2**20 if proc.rss else None},
-        "next": _next(run_dir, obs, verdict),
+        "next": _whole(run_dir, nxt), "next_notes": next_notes,
         "launches": 1 + len((obs.launch or {}).get("earlier") or []) if obs.launch else None,
         "wakes": len((obs.launch or {}).get("on_exit") or []) if obs.launch else None,
         "ranks": rank_lines(obs.ranks, now, obs.rank_procs) if len(obs.ranks) > 1 else [],
@@ -178,20 +257,24 @@ def render(f: dict, limit: int = LIMIT) -> str:
     head += [f"note: {x}" for x in f.get("notes") or []]
     if f.get("next"):
         head += f.get("resume") or []
+    head += [f"note: {x}" for x in f.get("next_notes") or []]
     head += [f"next: {x}" for x in f.get("next") or []]
-    head += [f"warning: {x[len('ANOMALY '):][:300]}" for x in f.get("warnings") or []]
+    body = [f"warning: {x[len('ANOMALY '):][:300]}" for x in f.get("warnings") or []]
     if f["last_error"] and f["verdict"] != "DONE":
-        head.append(f"last error: {f['last_error'][:300]}")
+        body.append(f"last error: {f['last_error'][:300]}")
     if f["final"]:
         nums = [(k, v) for k, v in f["final"].items() if is_number(v)][:5]
-        head.append("final: " + " ".join(f"{k}={_num(v)}" for k, v in nums))
+        body.append("final: " + " ".join(f"{k}={_num(v)}" for k, v in nums))
     total = f["total_steps"]
     prog = (f"attempt {f['attempt']}, " if f.get("attempt") else "") + f"step {f['step']}" + (f"/{total} ({100 * f['step'] / total:.0f}%)" if is_number(total) and total else "")
     prog += f", elapsed {_age(f['elapsed_s'])}" if f["elapsed_s"] is not None else ""
     prog += f", ETA {_age(f['eta_s'])}" if f["eta_s"] is not None else ""
     if f.get("launches"):
         prog += f"; launch {f['launches']} of this folder" + (f", {f['wakes']} on-exit wakes sent" if f.get("wakes") else "")
-    body = [prog, f"time limit: {f['time_limit']}"] if f.get("time_limit") else [prog]
+    limit_line = [f"time limit: {f['time_limit']}"] if f.get("time_limit") else []
+    if f["verdict"] == "ANOMALY timeout":   # the limit is what that verdict is about: never cut
+        head[1:1], limit_line = limit_line, []
+    body += [prog, *limit_line]
     body.append(_watchdog_line(f["watchdog"]))
     if f["steps"]:
         body.append(f"{'step':>7} {'loss':>8} {'lr':>9} {'grad':>8} {'sps':>8}")
@@ -221,9 +304,9 @@ def render(f: dict, limit: int = LIMIT) -> str:
         body.append(f["disk"])
     elif f["disk_free_gb"] is not None:
         body.append(f"disk free: {f['disk_free_gb']:.1f} GB")
-    out, used = [], 0
-    for line in head + body:
-        line = line[:limit]
+    out = list(head)   # the verdict, its line, the notes and the next: lines: never cut
+    used = sum(len(line) + 1 for line in head)
+    for line in body:
         if used + len(line) + 1 > limit:
             break
         out.append(line)
@@ -286,7 +369,8 @@ def _main(a) -> int:
 
 def bounded_json(facts: dict, limit: int = LIMIT) -> str:
     """The facts as one JSON object of at most ``limit`` characters: long strings are cut,
-    then the least important lists shortened, then fields dropped from the end."""
+    then the least important lists shortened, then fields dropped from the end; the verdict,
+    its line, the next: lines and their notes are never dropped (they may pass the limit)."""
     facts = {k: (v[:300] if isinstance(v, str) else v) for k, v in facts.items()}
     text = json.dumps(facts, default=str)
     for name in ("steps", "ranks", "gpu", "auroc_trend", "warnings"):
@@ -294,7 +378,7 @@ def bounded_json(facts: dict, limit: int = LIMIT) -> str:
             facts[name] = facts[name][1:]
             text = json.dumps(facts, default=str)
     for name in ("final", "best_eval", "eval", "last_error", "process", "watchdog", None, "time_limit",
-                 "loss_trend", "slurm", "resume", "disk", "stacks", "notes", "watchdog_message"):  # the verdict's line last
+                 "loss_trend", "slurm", "resume", "disk", "stacks", "notes"):  # never the verdict's line, next:
         if len(text) <= limit:
             break
         if name is None:  # before the last words go, the empty fields do, and then each dropped one
