@@ -287,3 +287,15 @@ def test_a_line_longer_than_the_whole_budget_goes_to_a_file(tmp_path):
     assert script[0] == "#!/bin/sh" and words[words.index("--") + 3:][-2:] == ["--resume_from_checkpoint",
                                                                                f"{run}/out/checkpoint-20"]
     assert subprocess.run(["bash", "-n", run / "next-1.sh"]).returncode == 0
+
+
+MOVE_ROWS = {RELAUNCH: "relaunch with a change", "as_is": "relaunch as is", WATCH_ON: "watch on",
+             FIX_FIRST: "fix first", STOP_ASK: "stop and ask"}
+
+
+def test_recovery_md_says_each_kinds_move_from_the_table():
+    text = (ROOT / "references" / "recovery.md").read_text()
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in text.splitlines() if line.startswith("| ")}
+    for kind, rule in BY_KIND.items():
+        row = rows[MOVE_ROWS[rule.move]]
+        assert f"`{kind}`" in row.split(" | ")[2], (kind, rule.move, row)
