@@ -126,10 +126,55 @@ class _Wake(Exception):
     pass
 
 
+class Heartbeat:
+    """A dead-man's switch (any healthchecks-style URL): a GET of ``url`` at the first poll and
+    then at most once every ``every`` seconds while the watchdog lives, and one of ``url/<exit
+    code>`` with the verdict, so that a machine that dies with its watchdog still wakes someone.
+    Each ping runs in a daemon thread with a short timeout: it never delays a poll. A failed ping
+    is one line on stderr (RUN_DIR/watchdog.log when detached), said once per kind of failure,
+    never a crash."""
+
+    def __init__(self, url: str, every: float = 60.0, timeout: float = 5.0):
+        self.url, self.every, self.timeout = url.rstrip("/"), every, timeout
+        self.last: Optional[float] = None
+        self.said: set = set()
+        self.threads: list = []
+
+    def _get(self, url: str) -> None:
+        import urllib.request   # only with --heartbeat-url: off the watchdog's start-up
+        try:
+            with urllib.request.urlopen(url, timeout=self.timeout) as r:
+                r.read(64)
+        except Exception as e:   # noqa: BLE001: a ping that fails is a line, never a crash
+            why = f"{type(e).__name__}: {str(e)[:160]}"
+            if why not in self.said:
+                self.said.add(why)
+                with contextlib.suppress(Exception):
+                    print(f"watchdog.py: warning: heartbeat ping {url} failed ({why}); the watch goes on",
+                          file=sys.stderr, flush=True)
+
+    def _ping(self, url: str) -> None:
+        import threading
+        t = threading.Thread(target=self._get, args=(url,), daemon=True)
+        t.start()
+        self.threads.append(t)
+
+    def beat(self, now: float) -> None:
+        if self.last is None or now - self.last >= self.every:
+            self.last = now
+            self._ping(self.url)
+
+    def end(self, code: int) -> None:
+        """The verdict's ping (``url/0`` done or stopped, ``url/7`` an anomaly), waited for."""
+        self._ping(f"{self.url}/{code}")
+        for t in self.threads:
+            t.join(self.timeout + 1)
+
+
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
-def run(watcher: Watchdog, out=None, on_exit: Optional[str] = None) -> int:
+def run(watcher: Watchdog, out=None, on_exit: Optional[str] = None, heartbeat: Optional[Heartbeat] = None) -> int:
     """Poll until done, an anomaly, or SIGTERM/SIGINT/SIGHUP; print the one final line; exit code.
     A second signal while stopping changes nothing: one line, exit 0, never a traceback.
     ``on_exit``: a shell command run once, detached, after the line (launch.run_on_exit)."""
@@ -152,6 +197,8 @@ def run(watcher: Watchdog, out=None, on_exit: Optional[str] = None) -> int:
             verdict = watcher.poll()
             if verdict.state not in ("watching", "finishing"):
                 break
+            if heartbeat is not None:
+                heartbeat.beat(time.monotonic())
             try:
                 flags["sleeping"] = True
                 if not flags["signal"]:
@@ -164,6 +211,8 @@ def run(watcher: Watchdog, out=None, on_exit: Optional[str] = None) -> int:
             print(verdict.line, file=out, flush=True)
         except (BrokenPipeError, OSError):
             pass  # whoever read stdout is gone; the verdict is in watchdog.json all the same
+        if heartbeat is not None:
+            heartbeat.end(verdict.code)
         if on_exit:
             run_on_exit(on_exit, line=verdict.line, kind=verdict.kind, code=verdict.code, run_dir=watcher.run_dir,
                         headline=verdict.headline)
@@ -218,6 +267,10 @@ def build_parser() -> Parser:
                    help="a shell command run once, detached, when the watchdog ends, with SUPERVISE_VERDICT, "
                         "SUPERVISE_KIND, SUPERVISE_EXIT_CODE, SUPERVISE_RUN_DIR, SUPERVISE_SESSION_ID set "
                         "(references/session.md)")
+    p.add_argument("--heartbeat-url", metavar="URL", type=http_url,
+                   help="a dead-man's switch (a healthchecks-style URL): GET it every minute while the watchdog "
+                        "lives and URL/<exit code> with the verdict, so that a machine that dies with its watchdog "
+                        "still wakes someone; a failed ping is a line in the log, never a crash")
     p.add_argument("--detach", action="store_true",
                    help="start the watchdog detached (its own session, stdin /dev/null, its line appended to "
                         f"RUN_DIR/{WATCHDOG_LOG}) and return at once: for a session that ends (claude -p), with "
@@ -245,6 +298,16 @@ def build_parser() -> Parser:
                        type=_threshold_type(name, default, is_duration),
                        help=f"{doc} (default: {_show(default, unit, is_duration)})".replace("%", "%%"))
     return p
+
+
+def http_url(text: str) -> str:
+    """An http(s) URL with a host."""
+    import argparse
+    import re
+    if not re.fullmatch(r"https?://[^\s/]+(/\S*)?", text or ""):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an http(s) URL; give the ping URL of your dead-man's-switch "
+                                         "service (e.g. https://hc-ping.com/UUID)")
+    return text
 
 
 def slurm_id(text: str) -> str:
@@ -307,7 +370,8 @@ def watch(args, argv: list, gpu=None) -> int:
                            checkpoint_dirs=tuple(args.checkpoint_dir), from_now=args.from_now)
         watcher.argv = tuple(flags)
         registry.register(run_dir, os.getpid(), args.pid)
-        return run(watcher, on_exit=args.on_exit)
+        return run(watcher, on_exit=args.on_exit,
+                   heartbeat=Heartbeat(args.heartbeat_url) if args.heartbeat_url else None)
 
 
 def _session_known(run_dir: Path) -> bool:

@@ -299,3 +299,42 @@ def test_recovery_md_says_each_kinds_move_from_the_table():
     for kind, rule in BY_KIND.items():
         row = rows[MOVE_ROWS[rule.move]]
         assert f"`{kind}`" in row.split(" | ")[2], (kind, rule.move, row)
+
+
+def test_a_heartbeat_url_is_pinged_while_the_watchdog_lives_and_with_its_verdict(work):
+    import http.server
+    import threading
+    seen = []
+
+    class Ping(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            seen.append(self.path)
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"OK")
+
+        def log_message(self, *a):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Ping)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        run = work / "run"
+        launched(work, run, "--steps", "150", *FAST)
+        url = f"http://127.0.0.1:{server.server_port}/ping/abc"
+        rc, line = watch(run, "--heartbeat-url", url)
+        assert rc == 0 and line.startswith("OK done"), line
+        assert seen[0] == "/ping/abc" and seen[-1] == "/ping/abc/0" and len(seen) >= 2, seen
+    finally:
+        server.shutdown()
+        server.server_close()
+    # a service that is gone: one line, and the watch goes on to its verdict
+    run = work / "run2"
+    launched(work, run, "--steps", "150", *FAST)
+    rc, out, err = run_script("watchdog.py", run, "--poll", "0.3", "--heartbeat-url",
+                              f"http://127.0.0.1:{server.server_port}/gone", timeout=BOUND)
+    assert rc == 0 and out.startswith("OK done"), out + err
+    assert err.startswith(f"watchdog.py: warning: heartbeat ping http://127.0.0.1:{server.server_port}/gone failed ("), err
+    assert "Traceback" not in err and len(err.strip().splitlines()) <= 2, err   # said once per kind of failure
+    rc, out, err = run_script("watchdog.py", run, "--heartbeat-url", "hc-ping.com/x")
+    assert rc == 2 and "is not an http(s) URL" in err and len(err.strip().splitlines()) == 1, err
