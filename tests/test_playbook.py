@@ -338,3 +338,25 @@ def test_a_heartbeat_url_is_pinged_while_the_watchdog_lives_and_with_its_verdict
     assert "Traceback" not in err and len(err.strip().splitlines()) <= 2, err   # said once per kind of failure
     rc, out, err = run_script("watchdog.py", run, "--heartbeat-url", "hc-ping.com/x")
     assert rc == 2 and "is not an http(s) URL" in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("error,move", [
+    ("import not_a_module_of_this_machine", "fix first"),
+    ("raise OSError(5, 'Input/output error', '/mnt/nfs/shard-3.bin')", "relaunch"),
+])
+def test_a_launch_that_dies_before_its_start_record_is_judged_from_launch_json(work, error, move):
+    """No start record: the command and its folder come from launch.json, never 'no argv/cwd'."""
+    script = work / "train.py"
+    script.write_text(f"{error}\n")
+    run = work / "run"
+    p = launch(work, run, sys.executable, "-u", script, "--out", run)
+    assert p.returncode == 0, p.stderr
+    rc, line = watch(run)
+    assert rc == 7 and kind_of(line) in ("crash", "dead"), line
+    text, nxt, _ = checkin(run)
+    assert "no argv/cwd" not in text, text
+    if move == "fix first":
+        assert len(nxt) == 1 and nxt[0].startswith("no relaunch line: fix first: "), text
+    else:
+        assert len(nxt) == 2 and shlex.split(nxt[0])[-3:] == [str(script), "--out", str(run)], text
+        assert " --replace -- " in nxt[0] and nxt[1].endswith(f"/scripts/watchdog.py {run} --poll 0.3"), text
