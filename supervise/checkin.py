@@ -144,7 +144,8 @@ def _next(run_dir: Path, obs, verdict, th) -> tuple[list, list]:
     line, note = relaunch_plan(start, verdict, run_dir,
                                checkpoint=str(obs.resume.path) if obs.resume is not None else None,
                                first_bad_step=bad.step if bad is not None else None,
-                               window_s=(obs.launch or {}).get("window_s"))
+                               window_s=(obs.launch or {}).get("window_s"),
+                               sbatch=(obs.launch or {}).get("sbatch") if (obs.launch or {}).get("slurm_job_id") else None)
     if line is None:
         return [f"no relaunch line: {note}; {see}"], []
     said = [n for n in note.split("; ") if n and not n.startswith("resumes from ")]  # the resume line says that

@@ -87,6 +87,7 @@ class Observer:
         self.slurm_job = slurm_job
         self.slurm_runner = slurm_runner
         self.slurm_running_since: Optional[float] = None
+        self._followed: Optional[str] = None  # the job id the running clock is of
         self.idle_since: Optional[float] = None
         self.last: Optional[Observation] = None
         self.explicit_checkpoint_dirs = tuple(str(d) for d in checkpoint_dirs)
@@ -115,7 +116,7 @@ class Observer:
         start_t = start.get("time") if is_finite(start.get("time")) else None
         out = [(launch["pid"], launch["launched_at"])] + [
             (e.get("pid"), e["launched_at"]) for e in launch.get("earlier") or []]
-        return [(p, t) for p, t in out if start_t is None or t > start_t + 1]
+        return [(p, t) for p, t in out if p is not None and (start_t is None or t > start_t + 1)]  # a job: the scheduler's
 
     def _new_attempt(self) -> None:
         """A new start record: the processes of the old attempt are history."""
@@ -137,7 +138,7 @@ class Observer:
         why none is."""
         for pid in self.explicit_pids:
             self.known.setdefault(pid, "--pid")
-        if launch is not None and on_this_host(launch) and self._launch_is_current(launch):
+        if launch is not None and launch.get("pid") and on_this_host(launch) and self._launch_is_current(launch):
             self.known.setdefault(int(launch["pid"]), "launch record")
         pid, host = start.get("pid"), start.get("host")
         remote = isinstance(host, str) and host and host != self.host
@@ -269,11 +270,18 @@ class Observer:
         return util, (now - self.idle_since) if self.idle_since is not None else 0.0, \
             tuple(g.line() for g in report.gpus)
 
-    def _slurm(self, now: float):
-        if self.slurm_job is None:
+    def _job_id(self, launch: Optional[dict]) -> Optional[str]:
+        """The Slurm job followed: --slurm-job, else the newest job launch.json records (--slurm)."""
+        return self.slurm_job or (launch or {}).get("slurm_job_id")
+
+    def _slurm(self, now: float, launch: Optional[dict]):
+        job_id = self._job_id(launch)
+        if job_id is None:
             return None
+        if job_id != self._followed:
+            self._followed, self.slurm_running_since = job_id, None   # a resubmission: its own grace
         kw = {"runner": self.slurm_runner} if self.slurm_runner else {}
-        job = sl.query(self.slurm_job, **kw)
+        job = sl.query(job_id, **kw)
         if job.running and self.slurm_running_since is None:
             self.slurm_running_since = now
         if job.waiting:
@@ -382,14 +390,18 @@ class Observer:
         if stop and is_finite(stop.get("requested_at")) and not (is_finite(start.get("time"))
                                                                   and stop["requested_at"] < start["time"]):
             stopped = f"pid {launch['pid']} stopped by {stop.get('by') or 'scripts/stop.py'}"
-        sentinel, sentinel_mtime = self._sentinel(procs, start) if relaunch is None else (None, None)
-        job = self._slurm(now)
+        job = self._slurm(now, launch)
+        submitted = bool(launch and launch.get("slurm_job_id") and launch.get("slurm_job_id") == self._job_id(launch)
+                         and not (is_finite(start.get("time")) and start["time"] > launch["launched_at"]))
+        if submitted and records.start:   # the submitted job has not written its start record: the old attempt is history
+            records = Records(start=records.start, attempts=records.attempts)
+        sentinel, sentinel_mtime = self._sentinel(procs, start) if relaunch is None and not submitted else (None, None)
         waiting = bool(job and job.waiting)
-        if waiting:
-            procs = []  # queued or requeued: no process is expected, none is dead
+        if waiting or submitted:
+            procs = []  # queued, requeued or not yet written: no process is expected, none is dead
         alive = [p for p in procs if p.alive]
         ended = any(not p.alive for p in procs if not p.child) or not alive or self.one_shot
-        lines, log_mtime = self._log_tail() if ended else ((), _mtime(self.log))
+        lines, log_mtime = self._log_tail() if ended and not (waiting or submitted) else ((), _mtime(self.log))
         cause = killed = None
         if lines:
             cause = root_cause(lines)
@@ -402,12 +414,12 @@ class Observer:
         started = min([self.watch_started] + births) if not self.one_shot or births else now
         if is_finite(start.get("time")) and not births:
             started = min(started, start["time"])
-        if self.slurm_job is not None:
+        if job is not None:
             started = self.slurm_running_since or now  # the grace starts when the job runs
         heard = start.get("time")
         if self.from_now and is_finite(heard):
             heard = max(heard, self.watch_started)
-        ranks = self.rank_files.poll(since=heard) if relaunch is None else {}
+        ranks = self.rank_files.poll(since=heard) if relaunch is None and not submitted else {}
         rank_procs = {pid: self.procs.read(pid).state for pid in local_pids(ranks)}
         stall_after, stall_why = self.run.stall.limit()
         util, idle_for, gpu_lines = self._gpu(now, bool(alive), tuple(self.known))

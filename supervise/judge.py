@@ -155,6 +155,8 @@ def rule_disk(obs, th):
 
 
 def rule_crash(obs, th):
+    if obs.slurm is not None:
+        return None  # the scheduler says how the job ended (slurm_anomaly reads its output): a log line may be its cancel
     cause = _root_cause(obs, th)
     if cause is not None:
         return cause if cause.kind == "crash" else None

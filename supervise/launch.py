@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -235,13 +236,80 @@ def _earlier(prev: Optional[dict], keep: int = 15) -> list:
     if prev is None:
         return []
     old = [e for e in prev.get("earlier") or [] if isinstance(e, dict) and is_number(e.get("launched_at"))]
-    return ([{k: prev.get(k) for k in ("pid", "launched_at", "create_time")}] + old)[:keep]
+    first = {k: prev.get(k) for k in ("pid", "launched_at", "create_time")}
+    if prev.get("slurm_job_id"):
+        first["slurm_job_id"] = prev["slurm_job_id"]
+    return ([first] + old)[:keep]
+
+
+JOB_ID = re.compile(r"^(\d+)(?:;\S+)?$")
+
+
+def submit(run_dir, argv: list[str], *, sbatch: tuple = (), window_s: Optional[float] = None,
+           session_id: Optional[str] = None, cwd=None, env: Optional[dict] = None, extra_env: Optional[dict] = None,
+           replace: bool = False, runner=subprocess.run) -> dict:
+    """Submit ``argv`` as a Slurm job (``sbatch --parsable``, ``sbatch`` its extra options:
+    partition, resources), its output appended to RUN_DIR/train.log, ENV and ``extra_env`` set,
+    run in ``cwd``; the job id parsed and recorded in RUN_DIR/launch.json's chain (no local pid:
+    the watchdog follows the job). ``replace``: ``scancel`` the folder's last job first when the
+    scheduler still holds it. UsageError (one line) when sbatch is missing or refuses."""
+    from . import slurm as sl   # the Slurm path only
+    if not argv:
+        raise UsageError("no command to submit: put it after --, e.g. launch.py runs/a --slurm -- python -u train.py")
+    run = Path(os.path.abspath(run_dir))
+    cwd = Path(os.path.abspath(cwd or os.getcwd()))
+    env = dict(os.environ if env is None else env)
+    extra_env = dict(extra_env or {})
+    if shutil.which("sbatch", path=env.get("PATH", os.defpath)) is None:
+        raise UsageError("sbatch is not on PATH: --slurm submits through Slurm; run it where sbatch works")
+    _writable(run)
+    if session_id is None:
+        session_id = next((env[v] for v in SESSION_VARS if env.get(v)), None)
+    with _locked(run):
+        prev = read_launch(run)
+        if session_id is None and prev is not None:
+            session_id = prev.get("session_id")
+        live = trainers(run, prev)
+        held = prev.get("slurm_job_id") if prev else None
+        held = held if held and not sl.query(held).finished else None
+        if (live or held) and not replace:
+            if live:
+                _refuse_live(run_dir, run, prev, live)
+            raise UsageError(f"{run_dir} already has Slurm job {held} queued or running: scancel {held} first, "
+                             "relaunch with --replace, or launch into another run folder")
+        replaced = _replace(run, prev, live, 30.0) if live else []
+        if held:
+            runner(["scancel", held], capture_output=True, text=True, timeout=30)
+            replaced.append({"slurm_job_id": held, "how": "scancel"})
+        words = " ".join(f"{k}={shlex.quote(v)}" for k, v in {**ENV, **extra_env}.items())
+        cmd = ["sbatch", "--parsable", f"--chdir={cwd}", f"--output={run / LOG}", "--open-mode=append", *sbatch,
+               f"--wrap=exec env {words} {shlex.join(argv)}"]
+        try:
+            p = runner(cmd, capture_output=True, text=True, timeout=60, env=env, cwd=cwd)
+        except (OSError, subprocess.SubprocessError) as e:
+            raise UsageError(f"sbatch did not run ({e}); nothing was submitted")
+        m = JOB_ID.match((p.stdout or "").strip())
+        if p.returncode != 0 or not m:
+            said = ((p.stderr or p.stdout or "").strip().splitlines() or ["no output"])[-1][:200]
+            raise UsageError(f"sbatch refused the job (exit {p.returncode}: {said}); nothing was submitted")
+        rec = {"pid": None, "slurm_job_id": m[1], "sbatch": list(sbatch), "host": None, "launched_at": time.time(),
+               "argv": list(argv), "cwd": str(cwd), "window_s": window_s, "session_id": session_id,
+               "log": str(run / LOG), "run_dir": str(run), "env": extra_env or None, "replaced": replaced or None,
+               "on_exit": list((prev or {}).get("on_exit") or [])[-50:] or None, "earlier": _earlier(prev)}
+        try:
+            atomic_write_json(run / LAUNCH, rec)
+        except OSError as e:
+            runner(["scancel", m[1]], capture_output=True, text=True, timeout=30)
+            raise UsageError(f"cannot write {run / LAUNCH} ({e.strerror or e}); job {m[1]} was cancelled again")
+    registry.record_launch(run, rec)
+    return rec
 
 
 def launched_line(rec: dict) -> str:
     """The launcher's one line: what it started and the watchdog line to run next."""
-    return (f"launched pid {rec['pid']} (group {rec['pgid']}), output >> {rec['log']}; next, with "
-            f"run_in_background: true: {watchdog_line(rec['run_dir'])}")
+    what = f"submitted Slurm job {rec['slurm_job_id']}" if rec.get("slurm_job_id") else \
+        f"launched pid {rec['pid']} (group {rec['pgid']})"
+    return f"{what}, output >> {rec['log']}; next, with run_in_background: true: {watchdog_line(rec['run_dir'])}"
 
 
 # ----------------------------------------------------------------------------- on exit
@@ -269,13 +337,15 @@ def run_on_exit(cmd: str, *, line: str, kind: Optional[str], code: int, run_dir,
         run = Path(run_dir).resolve()
         rec = read_launch(run) or {}
         if rec and headline:
-            sent = next((e for e in rec.get("on_exit") or [] if isinstance(e, dict) and e.get("pid") == rec["pid"]
-                         and e.get("headline") == headline), None)
+            who = rec["pid"] or rec["slurm_job_id"]   # the launch: its pid, or its Slurm job
+            sent = next((e for e in rec.get("on_exit") or [] if isinstance(e, dict)
+                         and (e.get("pid") or e.get("slurm_job_id")) == who and e.get("headline") == headline), None)
             if sent is not None:
-                print(f"watchdog.py: --on-exit not run again: it ran for {headline} of pid {rec['pid']} "
+                print(f"watchdog.py: --on-exit not run again: it ran for {headline} of {who} "
                       f"{_ago(sent.get('at') or 0)} ago; check in with checkin.py", file=sys.stderr, flush=True)
                 return False
-            entry = {"at": time.time(), "pid": rec["pid"], "headline": headline, "verdict": line[:300]}
+            entry = {"at": time.time(), "pid": rec["pid"], "headline": headline, "verdict": line[:300],
+                     **({"slurm_job_id": rec["slurm_job_id"]} if rec["slurm_job_id"] else {})}
             with contextlib.suppress(OSError, UsageError):
                 update_launch(run, on_exit=[*(rec.get("on_exit") or []), entry][-50:])
         env = {k: v for k, v in os.environ.items() if k != "SUPERVISE_SESSION_ID"}
@@ -328,6 +398,11 @@ def build_parser() -> CommandParser:
     p.add_argument("--replace", action="store_true",
                    help="stop the folder's live trainer first (SIGTERM to its group, --grace, SIGKILL; recorded as "
                         "a stop by the relaunch) instead of refusing: the relaunch line passes it")
+    p.add_argument("--slurm", action="store_true",
+                   help="submit the command as a Slurm job (sbatch --parsable, output appended to RUN_DIR/train.log) "
+                        "and record its job id in launch.json: the watchdog follows the newest job recorded there")
+    p.add_argument("--sbatch", action="append", default=[], metavar="OPTION",
+                   help="with --slurm: an sbatch option (repeatable, one word: --sbatch=--partition=debug)")
     p.add_argument("--grace", type=duration, default=30.0, metavar="DURATION",
                    help="with --replace: how long SIGTERM has before SIGKILL [default: 30s]")
     p.epilog = "usage after the options: -- CMD [ARG ...] (the training command, as you would type it)"
@@ -336,8 +411,14 @@ def build_parser() -> CommandParser:
 
 def main(argv=None) -> int:
     def body(args) -> int:
-        rec = launch(args.run_dir, args.command, window_s=args.window, session_id=args.session_id or None,
-                     extra_env=dict(args.env), replace=args.replace, grace_s=args.grace)
+        if args.sbatch and not args.slurm:
+            raise UsageError("--sbatch needs --slurm (it is an option of the Slurm submission)")
+        if args.slurm:
+            rec = submit(args.run_dir, args.command, sbatch=tuple(args.sbatch), window_s=args.window,
+                         session_id=args.session_id or None, extra_env=dict(args.env), replace=args.replace)
+        else:
+            rec = launch(args.run_dir, args.command, window_s=args.window, session_id=args.session_id or None,
+                         extra_env=dict(args.env), replace=args.replace, grace_s=args.grace)
         print(launched_line(rec), flush=True)
         return EXIT_OK
     return front_door(build_parser(), body, argv)

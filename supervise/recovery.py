@@ -20,7 +20,7 @@ under ``checkpoint_dir``. No recipe, or no checkpoint yet: the line starts over,
 says so; a flag is never guessed. Values the command does not spell out come from the start
 record's ``flags``, else ``RUN_DIR/hparams.json`` (the templates write it). The launcher is the
 one the run was started with (``python -m torch.distributed.run`` and its arguments); a Slurm
-job gets an ``sbatch`` resubmission. Standard library only: check-in imports this on the hot path.
+job is resubmitted through the launcher (``--slurm``: sbatch). Standard library only: check-in imports this on the hot path.
 """
 from __future__ import annotations
 
@@ -238,8 +238,12 @@ def _launch(start: dict, argv: list[str], python: Optional[str]) -> tuple[list[s
     return [exe, "-u", *argv], ""
 
 
-def _sbatch(start: dict, run: Path, cwd: str, inner: str) -> tuple[str, str]:
-    """An sbatch resubmission of a Slurm job, with the resources its variables recorded."""
+def _sbatch(start: dict, recorded: Optional[list] = None) -> tuple[list[str], str]:
+    """(the sbatch options of a Slurm job's resubmission, a note): the launcher's own (``recorded``,
+    launch.json's ``sbatch``), else the resources the job's variables recorded."""
+    jid = start.get("slurm_job_id")
+    if recorded is not None:
+        return list(recorded), f"a resubmission of Slurm job {jid} through the launcher (the same sbatch options)"
     job = start.get("slurm") if isinstance(start.get("slurm"), dict) else {}
     opts = {"job_name": "--job-name", "partition": "--partition", "nodes": "--nodes",
             "ntasks_per_node": "--ntasks-per-node", "cpus_per_task": "--cpus-per-task", "account": "--account",
@@ -249,25 +253,21 @@ def _sbatch(start: dict, run: Path, cwd: str, inner: str) -> tuple[str, str]:
         args.append(f"--gres=gpu:{job['gpus_per_node']}")
     if isinstance(job.get("mem_per_node"), str) and job["mem_per_node"].isdigit():
         args.append(f"--mem={job['mem_per_node']}M")
-    args += [f"--chdir={cwd}", f"--output={run / 'train.log'}", "--open-mode=append", f"--wrap={inner}"]
-    q = shlex.quote
-    jid = start.get("slurm_job_id")
-    note = (f"a resubmission of Slurm job {jid} with the resources its variables recorded (check them against "
-            f"your batch script, which may also set up modules or an environment; scontrol requeue {jid} re-runs that "
-            "script unchanged); sbatch prints the new job id: watch it with watchdog.py RUN_DIR --slurm-job ID")
-    return f"mkdir -p {q(str(run))} && sbatch {shlex.join(args)}", note
+    return args, (f"a resubmission of Slurm job {jid} through the launcher with the resources its variables "
+                  "recorded (check them against your batch script, which may also set up modules or an environment; "
+                  f"scontrol requeue {jid} re-runs that script unchanged)")
 
 
 def relaunch_plan(start: dict, verdict: Verdict, run_dir, *, python: Optional[str] = None,
                   checkpoint: Optional[str] = None, first_bad_step: Optional[int] = None,
-                  window_s: Optional[float] = None) -> tuple[Optional[str], str]:
+                  window_s: Optional[float] = None, sbatch: Optional[list] = None) -> tuple[Optional[str], str]:
     """(the relaunch line or None, a note). The line is one physical line the agent runs as is
     (it passes supervise.guard and returns at once): ``cd CWD && PY scripts/launch.py RUN
     --replace [--window W] [--env K=V] -- LAUNCHER ARGV RESUME`` with the change the verdict
     calls for (``verdict.change``, the rule table's). Every attempt is a launch: the launcher stops the folder's live trainer first
     (``--replace``), starts the new one detached (own session, stdin /dev/null, appended to
     train.log, the quiet variables) and records it in launch.json's chain. A Slurm job's line is
-    an ``sbatch`` resubmission. The note says why there is no line (relaunching does not fix the
+    resubmitted through the launcher (``--slurm``, sbatch). The note says why there is no line (relaunching does not fix the
     kind; the learning rate or batch is not a flag of the script; no argv/cwd), or what the line
     cannot do (no resume recipe or no checkpoint yet: it starts over); '' when there is nothing
     to add.
@@ -275,7 +275,8 @@ def relaunch_plan(start: dict, verdict: Verdict, run_dir, *, python: Optional[st
     ``python``: the interpreter [the start record's ``python``, else ``python``]; ``checkpoint``:
     the checkpoint to resume from [the newest complete one under the start record's
     ``checkpoint_dir`` written before ``first_bad_step``, the first non-finite record's step];
-    ``window_s``: the launch's --window, kept for the new attempt."""
+    ``window_s``: the launch's --window, kept for the new attempt; ``sbatch``: the sbatch options of
+    a job the launcher submitted (launch.json's), kept for its resubmission."""
     argv, note = changed_argv(start, verdict.change, run_dir, verdict.kind)
     cwd = start.get("cwd") if isinstance(start, dict) else None
     if argv is None or not isinstance(cwd, str) or not cwd:
@@ -288,16 +289,14 @@ def relaunch_plan(start: dict, verdict: Verdict, run_dir, *, python: Optional[st
     launch, why = _launch(start, argv, python)
     notes.append(why)
     run = Path(os.path.abspath(run_dir))
-    q = shlex.quote
+    opts = ["--replace"] + (["--window", f"{window_s:g}s"] if window_s else [])
+    opts += [f"--env={k}={v}" for k, v in (renv or {}).items()]
     if isinstance(start.get("slurm_job_id"), str) and start["slurm_job_id"]:
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in {**ENV, **(renv or {})}.items())
-        line, why = _sbatch(start, run, cwd, f"{env} {shlex.join(launch)}")
+        args, why = _sbatch(start, sbatch)
+        opts += ["--slurm", *(f"--sbatch={a}" for a in args)]
         notes.append(why)
-    else:
-        opts = ["--replace"] + (["--window", f"{window_s:g}s"] if window_s else [])
-        opts += [f"--env={k}={v}" for k, v in (renv or {}).items()]
-        line = f"cd {q(cwd)} && " + shlex.join([sys.executable or "python3", str(BUNDLE / "scripts" / "launch.py"),
-                                                str(run), *opts, "--", *launch])
+    line = f"cd {shlex.quote(cwd)} && " + shlex.join([sys.executable or "python3", str(BUNDLE / "scripts" / "launch.py"),
+                                                      str(run), *opts, "--", *launch])
     return line, "; ".join(n for n in notes if n)
 
 

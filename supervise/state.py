@@ -99,7 +99,8 @@ class WatchState:
 # reads as None. pid, launched_at and argv are required: without them the record is None.
 FIELDS = {"pid": int, "pgid": int, "sid": int, "host": str, "create_time": float, "launched_at": float,
           "argv": list, "cwd": str, "window_s": float, "session_id": str, "log": str, "run_dir": str,
-          "stop": dict, "stopped_at": float, "earlier": list, "env": dict, "replaced": list, "on_exit": list}
+          "stop": dict, "stopped_at": float, "earlier": list, "env": dict, "replaced": list, "on_exit": list,
+          "slurm_job_id": str, "sbatch": list}
 
 
 def _field(value, kind):
@@ -112,14 +113,15 @@ def _field(value, kind):
 
 def typed_launch(obj) -> Optional[dict]:
     """A launch record as read from disk, every field of FIELDS present and typed (None when
-    absent or of another type); None when it is not an object or lacks pid, launched_at or a
-    non-empty argv of strings. The file is input, not trusted."""
+    absent or of another type); None when it is not an object or lacks launched_at, a non-empty
+    argv of strings, or both a pid and a Slurm job id (a job submitted with ``--slurm`` has no
+    local pid). The file is input, not trusted."""
     if not isinstance(obj, dict):
         return None
     rec = {name: _field(obj.get(name), kind) for name, kind in FIELDS.items()}
     if rec["argv"] is not None and not (rec["argv"] and all(isinstance(a, str) for a in rec["argv"])):
         rec["argv"] = None
-    if rec["pid"] is None or rec["launched_at"] is None or rec["argv"] is None:
+    if rec["pid"] is None and rec["slurm_job_id"] is None or rec["launched_at"] is None or rec["argv"] is None:
         return None
     return rec
 

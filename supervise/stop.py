@@ -10,6 +10,7 @@ outlives SIGKILL. The stop is recorded in ``RUN_DIR/launch.json`` (atomically): 
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -52,6 +53,8 @@ def stop(run_dir, grace_s: float = GRACE_S, *, by: str = "stop.py", clock=time.m
     if rec is None:
         raise UsageError(f"{run} has no readable {LAUNCH}: only a run started by launch.py can be stopped by "
                          "stop.py; end another process with kill")
+    if rec["pid"] is None:   # a job the launcher submitted (--slurm): the scheduler ends it
+        return _cancel(run, rec["slurm_job_id"], by)
     pid, pgid = rec["pid"], rec["pgid"] or rec["pid"]
     who = f"pid {pid} (group {pgid})"
     if not on_this_host(rec):
@@ -92,6 +95,23 @@ def stop(run_dir, grace_s: float = GRACE_S, *, by: str = "stop.py", clock=time.m
         return Stopped(EXIT_ANOMALY, f"{who}: {steps}, still running {took:.1f}s later (a process stuck in the "
                                      f"kernel?); see ps -g {pgid}{note}")
     return Stopped(EXIT_OK, f"stopped {who}: {steps}, exited after {took:.1f}s{note}")
+
+
+def _cancel(run: Path, job_id: str, by: str) -> Stopped:
+    """``scancel`` of the folder's Slurm job, recorded like a stop."""
+    import subprocess
+    from .slurm import query
+    if query(job_id).finished:
+        return Stopped(EXIT_OK, f"Slurm job {job_id} has already ended; nothing to stop")
+    with contextlib.suppress(OSError, UsageError):
+        update_launch(run, stop={"requested_at": time.time(), "by": by, "scancel": job_id})
+    try:
+        p = subprocess.run(["scancel", job_id], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as e:
+        raise UsageError(f"scancel {job_id} did not run ({e}); cancel the job where Slurm runs")
+    if p.returncode != 0:
+        raise UsageError(f"scancel {job_id} failed: {(p.stderr or p.stdout).strip()[:200]}")
+    return Stopped(EXIT_OK, f"cancelled Slurm job {job_id} (scancel)")
 
 
 def stop_pids(pids: list[int], grace_s: float = GRACE_S, *, clock=time.monotonic) -> list[int]:

@@ -56,7 +56,7 @@ def test_the_launcher_returns_at_once_and_the_trainer_runs_detached(work):
     assert took < 30 and pid_alive(rec["pid"])  # it returned while the trainer runs
     keeps_writing(run / "metrics.jsonl")
     raw = json.loads((run / LAUNCH).read_text())
-    assert rec == {**raw, "stop": None, "stopped_at": None} and set(raw) == {"pid", "pgid", "sid", "host", "create_time", "launched_at", "argv", "cwd",
+    assert rec == {**raw, "stop": None, "stopped_at": None, "slurm_job_id": None, "sbatch": None} and set(raw) == {"pid", "pgid", "sid", "host", "create_time", "launched_at", "argv", "cwd",
                                        "window_s", "session_id", "log", "run_dir", "earlier", "env", "replaced",
                                        "on_exit"}
     assert rec["pgid"] == rec["sid"] == rec["pid"] != os.getsid(0)  # its own session and group
@@ -389,7 +389,8 @@ REC = {"pid": 4242, "pgid": 4242, "sid": 4242, "host": "h", "create_time": 1.5, 
        "run_dir": "/w/r"}
 
 
-UNSET = {"stop": None, "stopped_at": None, "earlier": None, "env": None, "replaced": None, "on_exit": None}
+UNSET = {"stop": None, "stopped_at": None, "earlier": None, "env": None, "replaced": None, "on_exit": None,
+         "slurm_job_id": None, "sbatch": None}
 
 
 @pytest.mark.parametrize("raw,expect", [
@@ -400,6 +401,10 @@ UNSET = {"stop": None, "stopped_at": None, "earlier": None, "env": None, "replac
     ({**REC, "pid": "4242"}, None), ({**REC, "pid": 0}, None), ({**REC, "pid": True}, None),
     ({**REC, "argv": []}, None), ({**REC, "argv": ["python", 3]}, None), ({**REC, "argv": "python train.py"}, None),
     ({k: v for k, v in REC.items() if k != "launched_at"}, None), ([REC], None), ("launch", None), (None, None),
+    # a job the launcher submitted (--slurm): no local pid, its job id instead
+    ({**REC, "pid": None, "slurm_job_id": "88", "sbatch": ["--partition=debug"]},
+     {**REC, **UNSET, "pid": None, "slurm_job_id": "88", "sbatch": ["--partition=debug"]}),
+    ({**REC, "pid": None, "slurm_job_id": 88}, None),
 ])
 def test_a_launch_record_is_read_with_its_types_checked(raw, expect):
     assert typed_launch(raw) == expect
@@ -443,3 +448,15 @@ def test_the_registry_keeps_the_launch_beside_the_watchdog(work):
     entry = registry.latest()
     assert entry["watchdog_pid"] == 4343 and entry["launch"] == json.loads((run / LAUNCH).read_text()) != launched
     assert [r["run_dir"] for r in registry.runs()] == [str(run)]
+
+
+def test_sbatch_options_without_slurm_are_one_line(work):
+    run = work / "runs" / "s"
+    p = launch(work, run, *trainer_argv(run), extra=["--sbatch=--partition=debug"])
+    assert p.returncode == 2 and p.stdout == "" and p.stderr.strip().endswith(
+        "--sbatch needs --slurm (it is an option of the Slurm submission)"), p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1 and not (run / LAUNCH).exists()
+    env = {**os.environ, "PATH": "/nonexistent"}
+    p = subprocess.run([sys.executable, str(LAUNCHER), str(run), "--slurm", "--", "python3", "t.py"], cwd=work,
+                       capture_output=True, text=True, timeout=60, env=env)
+    assert p.returncode == 2 and "sbatch is not on PATH" in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr

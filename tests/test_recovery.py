@@ -208,20 +208,24 @@ def test_torchrun_runs_are_relaunched_with_their_launcher(record, expected, note
     assert "torchrun " not in line
 
 
-def test_a_slurm_job_is_resubmitted_with_its_resources(tmp_path):
+def test_a_slurm_job_is_resubmitted_through_the_launcher_with_its_resources(tmp_path):
     slurm = {"job_name": "exp1", "partition": "gpu", "nodes": "1", "cpus_per_task": "8", "gpus_per_node": "4",
              "mem_per_node": "64000"}
     s = start(["train.py", "--out", str(tmp_path), "--lr=0.01"], **TEMPLATE, slurm_job_id="4242", slurm=slurm)
     line, note = relaunch_plan(s, verdict_of("nan"), tmp_path)
     w = shlex.split(line)
-    assert w[:4] == ["mkdir", "-p", str(tmp_path), "&&"] and w[4] == "sbatch"
-    assert {"--job-name=exp1", "--partition=gpu", "--nodes=1", "--cpus-per-task=8", "--gres=gpu:4", "--mem=64000M",
-            f"--output={tmp_path / 'train.log'}", "--open-mode=append", f"--chdir={START['cwd']}"} <= set(w)
-    inner = shlex.split(w[-1].removeprefix("--wrap="))
-    assert {f"{k}={v}" for k, v in recovery.ENV.items()} <= set(inner)
-    assert inner[inner.index("-u") + 1:] == ["train.py", "--out", str(tmp_path), "--lr=0.005", "--resume"]
-    assert "scontrol requeue 4242" in note and "--slurm-job" in note
+    assert w[:3] == ["cd", START["cwd"], "&&"] and w[4].endswith("/scripts/launch.py") and w[5:8] == [
+        str(tmp_path), "--replace", "--slurm"]
+    assert w[8:w.index("--")] == ["--sbatch=--job-name=exp1", "--sbatch=--partition=gpu", "--sbatch=--nodes=1",
+                                  "--sbatch=--cpus-per-task=8", "--sbatch=--gres=gpu:4", "--sbatch=--mem=64000M"]
+    assert w[w.index("--") + 1:] == ["python", "-u", "train.py", "--out", str(tmp_path), "--lr=0.005", "--resume"]
+    assert "scontrol requeue 4242" in note and "through the launcher" in note
     assert guard.decide(guard.Call(tool="Bash", command=line, background=False, cwd=str(tmp_path), env={})) is None
+    # a job the launcher submitted keeps the launcher's own sbatch options
+    line, note = relaunch_plan(s, verdict_of("preempted"), tmp_path, sbatch=["--partition=debug", "--cpus-per-task=2"])
+    w = shlex.split(line)
+    assert w[8:w.index("--")] == ["--sbatch=--partition=debug", "--sbatch=--cpus-per-task=2"], line
+    assert note.startswith("a resubmission of Slurm job 4242 through the launcher (the same sbatch options)")
 
 
 def test_the_line_goes_through_the_launcher(tmp_path):

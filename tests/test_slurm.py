@@ -441,3 +441,66 @@ def test_live_sacct_once_squeue_forgot_the_job(slurm, tmp_path):
     assert job.stdout == str(tmp_path / f"slurm-{jid}.out")
     a = slurm_anomaly(job, sentinel_present=False, step=0)
     assert a.kind == "crash" and "KeyError: 'label'" in a.message
+
+
+def test_live_preemption_resubmission_queue_wait_then_ok_done(slurm, tmp_path):
+    """The loop closed on Slurm: a job submitted through the launcher (--slurm) is preempted by the
+    urgent partition; check-in's next: lines, run as they are, resubmit it through the launcher
+    and start a watchdog without --slurm-job, which follows the new job from launch.json: silent
+    while the urgent job holds the node longer than the start-up grace (the old job's records and
+    its preemption line are never judged again), then OK done, resumed from the last checkpoint."""
+    import shlex
+    from conftest import attempts, launch, run_script
+    from supervise.state import read_launch
+    cpus = str(os.cpu_count())
+    run = tmp_path / "run"
+    loop = ROOT / "tests" / "resumable_loop.py"
+    p = launch(tmp_path, run, sys.executable, "-u", loop, "--out", run, "--steps", "400", "--dt", "0.05",
+               extra=["--slurm", "--sbatch=--partition=debug", f"--sbatch=--cpus-per-task={cpus}"])
+    assert p.returncode == 0 and p.stdout.startswith("submitted Slurm job "), p.stdout + p.stderr
+    first = read_launch(run)["slurm_job_id"]
+    wd = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "watchdog.py"), str(run), "--poll", "0.5",
+                           "--startup-grace", "6s"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: any(r.get("step", 0) >= 60 for r in (attempts(run) or [[]])[0]), "step 60 of the first job",
+                 timeout=180, tick=0.5)
+        urgent = sbatch("-p", "urgent", "-c", cpus, "-o", tmp_path / "urgent.out", "--wrap", "sleep 20")
+        out, err = wd.communicate(timeout=120)
+    finally:
+        if wd.poll() is None:
+            wd.kill()
+            wd.wait()
+    assert wd.returncode == 7 and kind_of(out) == "preempted" and f"slurm job {first}" in out, out + err
+    rc, text, err = run_script("checkin.py", run)
+    nxt = [ln[len("next: "):] for ln in text.splitlines() if ln.startswith("next: ")]
+    assert len(nxt) == 2 and " --replace --slurm --sbatch=--partition=debug " in nxt[0], text
+    assert shlex.split(nxt[0])[-2:] == ["--resume", str(run / "checkpoints" / "step-50.pt")], text
+    assert "--slurm-job" not in nxt[1] and nxt[1].endswith("--poll 0.5 --startup-grace 6s"), text
+    p = subprocess.run(["bash", "-c", nxt[0]], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and p.stdout.startswith("submitted Slurm job "), p.stdout + p.stderr
+    second = read_launch(run)["slurm_job_id"]
+    assert second != first and read_launch(run)["earlier"][0]["slurm_job_id"] == first
+    assert query(second).waiting, query(second)   # the urgent job holds the node
+    t0 = time.monotonic()
+    p = subprocess.run(["bash", "-c", nxt[1]], capture_output=True, text=True, timeout=240)
+    waited = time.monotonic() - t0
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.startswith("OK done: final_val_metrics.json written at step 400/400 (attempt 2)"), p.stdout + p.stderr
+    a1, a2 = attempts(run)
+    assert a2[0]["slurm_job_id"] == second and next(r["step"] for r in a2 if "loss" in r) == 60
+    assert waited > 6, waited   # it sat through the queue wait, past the start-up grace, silent
+    wait_state(urgent, lambda j: j.finished)
+
+
+def test_live_stop_cancels_a_job_the_launcher_submitted(slurm, tmp_path):
+    from conftest import launch, run_script
+    run = tmp_path / "run"
+    p = launch(tmp_path, run, "sleep", "300", extra=["--slurm"])
+    assert p.returncode == 0 and p.stdout.startswith("submitted Slurm job "), p.stdout + p.stderr
+    jid = p.stdout.split()[3].rstrip(",")
+    wait_state(jid, lambda j: j.running or j.waiting)
+    rc, out, err = run_script("stop.py", run)
+    assert rc == 0 and out.strip() == f"cancelled Slurm job {jid} (scancel)", out + err
+    assert wait_state(jid, lambda j: j.finished).state == "CANCELLED"
+    rc, out, err = run_script("stop.py", run)
+    assert rc == 0 and out.strip() == f"Slurm job {jid} has already ended; nothing to stop", out + err
