@@ -351,7 +351,9 @@ class Observer:
         alive = bool(wd.watchdog_pid) and same_process(wd.watchdog_pid, wd.watchdog_create_time)
         ended = wd.verdict_on_run and (wd.state != "anomaly" or wd.kind in KINDS)
         same = (wd.run_id == start.get("run_id") and wd.attempt == start.get("attempt")
-                and (wd.launch_pid is None or launch is None or wd.launch_pid == launch["pid"]))
+                and (wd.launch_pid is None or launch is None or wd.launch_pid == launch["pid"])
+                and not (launch is not None and is_finite(wd.last_poll) and launch["launched_at"] > wd.last_poll))
+        # (a launch after its last poll, a Slurm resubmission: the verdict is about an older launch)
         bad = wd.records.get("bad_lines")
         return WatchdogSeen(pid=wd.watchdog_pid, alive=alive, state=wd.state, last_poll=wd.last_poll,
                             argv=tuple(wd.argv), ended=ended, same_attempt=same, ended_by=wd.ended_by or "",

@@ -450,7 +450,8 @@ def is_warning(kind: str, th: Thresholds) -> bool:
 
 
 def _headline(obs: Observation) -> str:
-    if obs.relaunch is not None or (not obs.records.n_steps and obs.alive):
+    queued = obs.slurm is not None and (obs.slurm_waiting or obs.slurm.running)
+    if obs.relaunch is not None or (not obs.records.n_steps and (obs.alive or queued)):
         return "STARTING"
     if not obs.records.n_steps:
         return "NOT STARTED"
@@ -461,6 +462,10 @@ def _notes(obs: Observation) -> tuple:
     notes = []
     if obs.visibility:
         notes.append(f"process not visible here: {obs.visibility}; judged by its records")
+    if obs.slurm is not None and obs.slurm_waiting:
+        j = obs.slurm
+        notes.append(f"Slurm job {j.job_id} is {j.state}{f' ({j.reason})' if j.reason not in ('', 'None') else ''}: it waits in the "
+                     "queue, and no record is expected until it runs")
     if obs.relaunch is not None:
         p = obs.relaunch
         notes.append(f"relaunch pid {p.pid} ({p.why}) has not written its start record yet: "

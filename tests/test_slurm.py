@@ -481,6 +481,8 @@ def test_live_preemption_resubmission_queue_wait_then_ok_done(slurm, tmp_path):
     second = read_launch(run)["slurm_job_id"]
     assert second != first and read_launch(run)["earlier"][0]["slurm_job_id"] == first
     assert query(second).waiting, query(second)   # the urgent job holds the node
+    rc, text, err = run_script("checkin.py", run)
+    assert text.startswith("STARTING ") and f"note: Slurm job {second} is PENDING" in text, text
     t0 = time.monotonic()
     p = subprocess.run(["bash", "-c", nxt[1]], capture_output=True, text=True, timeout=240)
     waited = time.monotonic() - t0
