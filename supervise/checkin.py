@@ -23,6 +23,7 @@ from .volumes import room_line
 from .vocabulary import AS_IS, EXIT_OK, FIX_FIRST, METRICS, PYTHON, STOP_ASK, WATCH_ON
 
 LIMIT = 1500
+HEADLINES = ("RUNNING healthy", "STARTING", "FINISHING", "DONE", "ANOMALY <kind>", "NOT STARTED", "STOPPED")
 FIX = re.compile(r" at step \d+\. (?!.* at step \d+\. )(.*)$", re.S)   # the fix: after the last "at step N."
 SKIP_DIRS = {".git", "node_modules", ".venv", "venv", "__pycache__", "checkpoints", "tb", ".cache"}
 
@@ -336,8 +337,8 @@ def summary(run_dir, k: int = 5) -> str:
 
 def main(argv=None) -> int:
     p = Parser(prog="checkin.py", description="The state of a training run in one cheap read: the verdict "
-               "first (RUNNING healthy, STARTING, FINISHING, DONE, ANOMALY <kind>, NOT STARTED), then notes, progress, "
-               "recent steps, evals, watchdog, process, GPU, disk and the last error; at most 1,500 characters.")
+               f"first ({', '.join(HEADLINES)}), then its notes and next: lines (never cut), progress, recent steps, "
+               "evals, watchdog, process, GPU, disk and the last error, within 1,500 characters.")
     p.add_argument("run_dir", nargs="?", metavar="RUN_DIR",
                    help="the run directory [the watchdog registry's newest run, else the newest metrics.jsonl below here]")
     p.add_argument("--json", action="store_true", help="the same facts as one JSON object")

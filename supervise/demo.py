@@ -125,19 +125,19 @@ def _main(a) -> int:
         claim(folder)
     window = _seconds(a.window)
     py, scripts, template = sys.executable, ROOT / "scripts", str(ROOT / "templates" / TEMPLATE)
-    step("1. bench", [py, str(scripts / "bench.py"), "--config", "tiny", "--seq-len", "32", "--batch", "32",
+    step("2. bench", [py, str(scripts / "bench.py"), "--config", "tiny", "--seq-len", "32", "--batch", "32",
                       "--samples", "6000", "--epochs", "2", "--eval-samples", "600", "--window", window])
     code_corpus(run_dir / "corpus.jsonl")
-    step("2. audit", [py, str(scripts / "audit.py"), str(run_dir / "corpus.jsonl"), "--id-col", "id",
+    step("3. audit", [py, str(scripts / "audit.py"), str(run_dir / "corpus.jsonl"), "--id-col", "id",
                       "--normalize", "ast", "--out", str(run_dir / "audited")])
-    if step("3. smoke", [py, str(scripts / "smoke.py"), str(smoke_dir), "--full-samples", "6000", "--epochs", "2",
+    if step("4. smoke", [py, str(scripts / "smoke.py"), str(smoke_dir), "--full-samples", "6000", "--epochs", "2",
                          "--window", window, "--", py, "-u", template, "--out", str(smoke_dir), "--smoke"]) != 0:
         say("smoke failed: stop here, as the procedure says")
         return EXIT_ANOMALY
-    extra = {"nan": ["--lr", "1e4"], "inverted": flipped_data(run_dir)}.get(a.fault, [])
+    extra = ["--lr", "1e4"] if a.fault == "nan" else flipped_data(run_dir) if a.fault == "inverted" else []
     cmd = [py, str(scripts / "launch.py"), str(run_dir), "--window", window, "--", py, "-u", template,
            "--out", str(run_dir), *extra]
-    if step("4-5. launch, one line, detached", cmd) != 0:
+    if step("5. launch, one line, detached", cmd) != 0:
         say("the launcher refused: stop here")
         return EXIT_ANOMALY
     trainer = read_launch(run_dir)["pid"]

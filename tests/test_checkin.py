@@ -222,3 +222,16 @@ def test_a_watchdog_that_died_is_gone_and_its_line_is_offered_again(tmp_path, sl
     (nxt,) = [ln[len("next: "):] for ln in out.splitlines() if ln.startswith("next: ")]
     assert shlex.split(nxt) == [sys.executable, str(SCRIPTS / "watchdog.py"), str(tmp_path), "--poll", "0.2",
                                 "--max-stall", "600", "--on-exit", "echo woke >> woke.txt"], nxt
+
+
+def test_help_names_every_headline():
+    """--help lists every first line check-in prints (observation.Verdict's headlines)."""
+    import inspect
+    from supervise import observation
+    rc, out, err = run_script("checkin.py", "--help")
+    said = " ".join(out.split())
+    doc = inspect.getsource(observation.Verdict)
+    heads = doc.split("headline: str = \"\"")[1].split("#", 1)[1].split("\n", 1)[0]
+    for h in [x.strip() for x in heads.split("|")]:
+        assert h in said, (h, said)
+    assert "STOPPED" in said

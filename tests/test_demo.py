@@ -22,7 +22,7 @@ def test_demo(fault, tmp_path):
     rc, out, err = run_script("demo.py", "--out", tmp_path / "run", "--window", "8h",
                               *(["--fault", fault] if fault else []), timeout=1800)  # a hang bound: ~13 min with both cores busy
     assert rc == 0, out[-3000:] + err[-2000:]
-    for mark in ("1. bench", "FITS", "2. audit", "kept", "3. smoke", "SMOKE PASSED", "launch, one line, detached",
+    for mark in ("2. bench", "FITS", "3. audit", "kept", "4. smoke", "SMOKE PASSED", "launch, one line, detached",
                  "6. watchdog", "7. check-in:", "snapshot: "):
         assert mark in out, (mark, out[-3000:])
     (said,) = re.findall(r"^\[demo\] watchdog exited (\d+): (.*)$", out, re.M)
@@ -33,6 +33,7 @@ def test_demo(fault, tmp_path):
         assert "fault: kill -9 " in out, out[-3000:]
         assert code == 7 and kind_of(line) == "dead" and line.startswith("ANOMALY dead: rank 0 (pid "), line
     assert (tmp_path / "run" / "metrics.png").exists()
+    assert not (tmp_path / "run" / "eval.csv").exists() and not (tmp_path / "run" / "train.csv").exists()  # no flipped data
     assert "against a window of 8.00 h" in out and "h <= window 8.00 h" in out  # the window reached both steps
 
 
