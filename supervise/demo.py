@@ -2,7 +2,8 @@
 (a small code corpus cut from this Python's standard library, with broken rows), smoke, the
 detached launch of the torch template through the launcher (as SKILL.md step 5 says), the
 watchdog beside it, check-ins while it runs, the PNG, and the watchdog's final line. ``--fault dead|nan|inverted`` injects a real fault
-(SIGKILL, a diverging learning rate, flipped eval labels) and shows the watchdog's exit 7."""
+(SIGKILL, a diverging learning rate, flipped eval labels) and shows the watchdog's exit 7. Each
+step is labelled with its number in SKILL.md (1-8)."""
 from __future__ import annotations
 
 import importlib.util
@@ -75,6 +76,16 @@ def flipped_data(run_dir: Path) -> list[str]:
     return ["--data", str(run_dir / "train.csv"), "--eval-data", str(run_dir / "eval.csv"), "--epochs", "3"]
 
 
+def fault_args(fault, run_dir: Path) -> list[str]:
+    """The trainer's extra words for ``--fault``: a diverging learning rate for nan, flipped data for
+    inverted (written only then), none for dead (a SIGKILL later) or no fault."""
+    if fault == "nan":
+        return ["--lr", "1e4"]
+    if fault == "inverted":
+        return flipped_data(run_dir)
+    return []
+
+
 def step(title: str, cmd: list[str]) -> int:
     """Run one step of the procedure through its real script and show what it printed."""
     say(f"{title}: {' '.join(cmd)}")
@@ -125,6 +136,7 @@ def _main(a) -> int:
         claim(folder)
     window = _seconds(a.window)
     py, scripts, template = sys.executable, ROOT / "scripts", str(ROOT / "templates" / TEMPLATE)
+    say(f"1. telemetry: templates/{TEMPLATE} writes the contract to RUN_DIR/{METRICS}")
     step("2. bench", [py, str(scripts / "bench.py"), "--config", "tiny", "--seq-len", "32", "--batch", "32",
                       "--samples", "6000", "--epochs", "2", "--eval-samples", "600", "--window", window])
     code_corpus(run_dir / "corpus.jsonl")
@@ -134,7 +146,7 @@ def _main(a) -> int:
                          "--window", window, "--", py, "-u", template, "--out", str(smoke_dir), "--smoke"]) != 0:
         say("smoke failed: stop here, as the procedure says")
         return EXIT_ANOMALY
-    extra = ["--lr", "1e4"] if a.fault == "nan" else flipped_data(run_dir) if a.fault == "inverted" else []
+    extra = fault_args(a.fault, run_dir)
     cmd = [py, str(scripts / "launch.py"), str(run_dir), "--window", window, "--", py, "-u", template,
            "--out", str(run_dir), *extra]
     if step("5. launch, one line, detached", cmd) != 0:
@@ -169,5 +181,7 @@ def _main(a) -> int:
     if isinstance(final, dict):
         say("final_val_metrics.json: " + " ".join(f"{k}={final[k]:.4f}" for k in ("eval_auroc", "eval_acc")
                                                   if is_finite(final.get(k))))
+    if a.fault:
+        say("8. recover: after an anomaly, run check-in's next: lines as they are (SKILL.md step 8)")
     expected = EXIT_ANOMALY if a.fault else EXIT_OK
     return EXIT_OK if watchdog.returncode == expected else EXIT_ANOMALY
