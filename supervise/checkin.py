@@ -372,7 +372,8 @@ def _main(a) -> int:
 def bounded_json(facts: dict, limit: int = LIMIT) -> str:
     """The facts as one JSON object of at most ``limit`` characters: long strings are cut,
     then the least important lists shortened, then fields dropped from the end; the verdict,
-    its line, the next: lines and their notes are never dropped (they may pass the limit)."""
+    its line, the next: lines and their notes, and a hang's stacks (the files that name its
+    frames) are never dropped (they may pass the limit)."""
     facts = {k: (v[:300] if isinstance(v, str) else v) for k, v in facts.items()}
     text = json.dumps(facts, default=str)
     for name in ("steps", "ranks", "gpu", "auroc_trend", "warnings"):
@@ -380,7 +381,7 @@ def bounded_json(facts: dict, limit: int = LIMIT) -> str:
             facts[name] = facts[name][1:]
             text = json.dumps(facts, default=str)
     for name in ("final", "best_eval", "eval", "last_error", "process", "watchdog", None, "time_limit",
-                 "loss_trend", "slurm", "resume", "disk", "stacks", "notes"):  # never the verdict's line, next:
+                 "loss_trend", "slurm", "resume", "disk", "notes"):  # never the verdict's line, next:, stacks
         if len(text) <= limit:
             break
         if name is None:  # before the last words go, the empty fields do, and then each dropped one

@@ -341,7 +341,8 @@ def run_on_exit(cmd: str, *, line: str, kind: Optional[str], code: int, run_dir,
             sent = next((e for e in rec.get("on_exit") or [] if isinstance(e, dict)
                          and (e.get("pid") or e.get("slurm_job_id")) == who and e.get("headline") == headline), None)
             if sent is not None:
-                print(f"watchdog.py: --on-exit not run again: it ran for {headline} of {who} "
+                what = f"pid {rec['pid']}" if rec["pid"] else f"Slurm job {rec['slurm_job_id']}"
+                print(f"watchdog.py: --on-exit not run again: it ran for {headline} of {what} "
                       f"{_ago(sent.get('at') or 0)} ago; check in with checkin.py", file=sys.stderr, flush=True)
                 return False
             entry = {"at": time.time(), "pid": rec["pid"], "headline": headline, "verdict": line[:300],

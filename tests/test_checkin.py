@@ -130,6 +130,22 @@ def test_json_has_the_same_facts(tmp_path, sleeper):
     assert facts["process"]["pid"] == sleeper.pid
 
 
+def test_json_over_its_bound_keeps_the_line_the_next_lines_their_notes_and_the_stacks():
+    """A torchrun hang: a long relaunch line and five ranks' steps pass 1,500 characters; the
+    lists shrink and the small facts go, but never what the agent acts on."""
+    from supervise.checkin import LIMIT, bounded_json
+    facts = {"run_dir": "/runs/exp1", "verdict": "ANOMALY stall", "watchdog_message": "ANOMALY stall: " + "x" * 400,
+             "steps": [{"step": i, "loss": 0.5, "lr": 1e-4, "grad_norm": 1.0, "sps": 100} for i in range(5)],
+             "ranks": ["rank %d: step 28, 6s ago" % r for r in range(8)], "time_limit": "none (" + "y" * 200 + ")",
+             "next": ["cd /runs && python launch.py /runs/exp1 --replace -- " + "z" * 500, "python watchdog.py /runs/exp1"],
+             "next_notes": ["this relaunch starts over from step 0"], "notes": ["n" * 200],
+             "stacks": "stacks: 2 files (one per process) in /runs/exp1/stacks/ from 20261207T020000.000"}
+    got = json.loads(bounded_json(facts))
+    assert len(json.dumps(got)) <= LIMIT and not got.get("steps") and "time_limit" not in got
+    assert got["watchdog_message"] == facts["watchdog_message"][:300] and got["next"][1] == facts["next"][1]
+    assert got["next_notes"] == facts["next_notes"] and got["stacks"] == facts["stacks"]
+
+
 def test_zero_arguments_find_the_registered_run_from_anywhere(tmp_path, sleeper):
     run = tmp_path / "deep" / "run"
     write(run, start(sleeper.pid) + steps(5))

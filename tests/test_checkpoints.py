@@ -465,8 +465,12 @@ def test_watchdog_on_a_writer_filling_a_48mb_disk(tmpfs, tmp_path, writer, keep,
         assert w.proc.wait(timeout=30) == 0
 
 
-def test_a_crash_on_a_full_disk_is_disk_and_checkin_resumes_from_the_last_whole_checkpoint(tmpfs, tmp_path, writer):
-    vol = tmpfs("10m")
+def test_a_crash_on_a_full_disk_is_disk_and_checkin_relaunches_only_once_there_is_room(tmpfs, tmp_path, writer):
+    """An old run's 14 MB fills the volume; the second 6 MB save dies on ENOSPC. Check-in names the
+    last whole checkpoint but gives no relaunch into the full volume, only what to free; once the
+    old file is gone, the relaunch from that checkpoint."""
+    vol = tmpfs("24m")
+    (vol / "old-run.bin").write_bytes(b"\0" * (14 << 20))
     run = tmp_path / "run"
     w = writer(run, vol / "out", "--every", 0.2, "--mb", 6, "--keep", 0, "--saves", 5)
     assert w.proc.wait(timeout=60) == 1 and w.failed()   # the second save ran out of space
@@ -477,10 +481,15 @@ def test_a_crash_on_a_full_disk_is_disk_and_checkin_resumes_from_the_last_whole_
     assert rc == 0 and kind_of(out.splitlines()[1]) == "disk", out + err
     assert f"resume from: {vol / 'out' / 'checkpoint-10'} (step 10, 6.0 MB, complete)" in out, out
     assert f"  skipped {vol / 'out' / 'checkpoint-20'} (step 20, " in out and "model.safetensors" in out, out
-    assert "next: cd " in out and f"--resume_from_checkpoint {vol / 'out' / 'checkpoint-10'}\n" in out, out
+    assert f"next: no relaunch line until there is room: free at least " in out and f" on {vol} " in out, out
+    assert "next: cd " not in out and "--resume_from_checkpoint" not in out, out
     rc, out, err = run_script("checkin.py", run, "--json")
     disk = json.loads(out)["disk"]
-    assert rc == 0 and disk.startswith("disk: ") and f"free of 10.5 MB on {vol}; 2 checkpoints = 6.0 MB" in disk, disk
+    assert rc == 0 and disk.startswith("disk: ") and f" on {vol}; 2 checkpoints = 6.0 MB" in disk, disk
+    (vol / "old-run.bin").unlink()
+    rc, out, err = run_script("checkin.py", run)
+    assert rc == 0 and kind_of(out.splitlines()[1]) == "disk", out + err
+    assert "next: cd " in out and f"--resume_from_checkpoint {vol / 'out' / 'checkpoint-10'}\n" in out, out
 
 
 def test_checkin_after_nan_at_60_resumes_from_the_save_at_50(tmp_path):

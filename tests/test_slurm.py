@@ -241,7 +241,8 @@ def test_the_watchdog_follows_a_job_from_the_queue_to_its_end(job_id, end, kind,
     for _ in range(6):
         clock.now += 100
         v = w.poll()
-        assert (v.state, v.headline, v.line) == ("watching", "NOT STARTED", ""), v
+        assert (v.state, v.headline, v.line) == ("watching", "STARTING", ""), v   # queued, not failed
+        assert any(n.startswith(f"Slurm job {job_id} is PENDING") for n in v.notes), v
         assert read_json(run / "watchdog.json")["slurm_state"] == "PENDING"
     clock.now += 50  # running 50 s, no record yet: within the grace, which began when it ran
     v = w.poll()
