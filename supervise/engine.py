@@ -444,6 +444,7 @@ class Observer:
             records=records, processes=tuple(procs),
             visibility=visibility if not waiting else "", relaunch=relaunch, started=started,
             metrics_mtime=metrics_mtime, quiet_since=quiet, stall_after=stall_after, stall_why=stall_why,
+            stall_soonest=self.run.stall.soonest(),
             sentinel=frozen(sentinel) if sentinel is not None else None, sentinel_name=self.sentinel.name,
             sentinel_mtime=sentinel_mtime, log_tail=lines, log_mtime=log_mtime, root_cause=cause, killed=killed,
             ranks=ranks, rank_procs=rank_procs, slurm=job, slurm_waiting=waiting, gpu_util=util,

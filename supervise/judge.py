@@ -534,12 +534,16 @@ def judge(obs: Observation, th: Thresholds) -> Verdict:
 
 
 def _stall_due_in(obs: Observation) -> float:
-    """Seconds until the silence passes the stall limit, so that the watchdog looks then rather
-    than up to a poll later (0: no stall is coming: no records yet, a relaunch, nothing alive)."""
-    if not obs.has_steps or obs.quiet_since is None or obs.relaunch is not None or (obs.processes and not obs.alive):
+    """Seconds until the watchdog must look again: when the silence passes the stall limit, and
+    never later than the shortest limit the clock may learn from records written meanwhile (so
+    the first learned deadline is met, not a poll later). 0: no stall is coming (a relaunch,
+    nothing alive)."""
+    if obs.quiet_since is None or obs.relaunch is not None or (obs.processes and not obs.alive):
         return 0.0
+    if not obs.has_steps:
+        return obs.stall_soonest
     left = obs.quiet_since + obs.stall_after - obs.now
-    return left + 0.25 if left > 0 else 0.0
+    return min(left + 0.25, obs.stall_soonest) if left > 0 else 0.0
 
 
 def _watchdog_verdict(obs: Observation, th: Thresholds, notes: tuple, warnings: tuple) -> Optional[Verdict]:

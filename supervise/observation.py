@@ -115,6 +115,7 @@ class Observation:
     quiet_since: Optional[float] = None   # the latest of the last metrics write and the newest process's birth
     stall_after: float = 360.0       # s of silence that are a stall now
     stall_why: str = ""              # how stall_after was set (learned, announced)
+    stall_soonest: float = 360.0     # s: the shortest stall the clock may learn before the next look
     sentinel: Optional[Mapping] = None    # the current run's completion sentinel, when written
     sentinel_name: str = "final_val_metrics.json"
     sentinel_mtime: Optional[float] = None

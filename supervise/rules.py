@@ -110,6 +110,16 @@ class StallClock:
         return by_step or (t2 > t1 and self._last_t is not None
                            and self._last_t + (self._interval or 0.0) >= t2 + 0.9 * (t2 - t1))
 
+    def soonest(self) -> float:
+        """The shortest stall ``limit`` can answer from here on, whatever records come (gaps only
+        grow): --min-stall or --stall-factor x the longest step gap, at most --max-stall. A watchdog
+        that looks at least this often meets the first learned deadline too, and the step rhythm's
+        after an eval pause."""
+        th = self.th
+        if th.stall_factor <= 0:
+            return th.max_stall
+        return min(th.max_stall, max(th.min_stall, th.stall_factor * self.step_gap))
+
     def limit(self) -> tuple:
         """(seconds of silence that are a stall now, why: '' or ' (learned: ...)')."""
         th = self.th

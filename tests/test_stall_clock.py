@@ -1,6 +1,9 @@
 """The learned stall (rules.StallClock) and the watchdog's wake at the stall deadline (issue 26:
 hangs found sooner by default, never an eval or a save called a stall). The figures of both ways,
 with expect() and without, come from benchmarks/stall_limit.py."""
+import dataclasses
+import re
+
 import pytest
 
 from conftest import anomaly_line, run_script
@@ -71,6 +74,18 @@ def test_a_long_step_gap_is_learned_as_the_steps_rhythm():
     assert fed(recs).step_gap == 20.0 and fed(recs).limit()[0] == 100.0
 
 
+@pytest.mark.parametrize("recs, factor, soonest", [
+    ([], 5.0, TH.min_stall),                                          # nothing yet: --min-stall
+    (run(evals=3), 5.0, TH.min_stall),                                # 2 s steps: 10 s, under --min-stall
+    ([{"step": 10 * i, "t": 30.0 * i, "loss": 0.5} for i in range(5)], 5.0, 150.0),   # 30 s steps
+    ([{"step": 10 * i, "t": 300.0 * i, "loss": 0.5} for i in range(5)], 5.0, TH.max_stall),
+    (run(evals=3), 0.0, TH.max_stall),                                # learning off: --max-stall
+], ids=["nothing", "fast-steps", "slow-steps", "capped", "off"])
+def test_the_soonest_limit_is_never_above_what_the_clock_answers(recs, factor, soonest):
+    clock = fed(recs, th=dataclasses.replace(TH, stall_factor=factor))
+    assert clock.soonest() == soonest and clock.soonest() <= clock.limit()[0]
+
+
 def obs(**kw):
     base = dict(now=1000.0, watch_started=0.0, records=Records(n_steps=30, last_step=300),
                 processes=(Proc(1, "sleeping"),), quiet_since=990.0, stall_after=45.0)
@@ -80,7 +95,10 @@ def obs(**kw):
 def test_the_watchdog_wakes_at_the_stall_deadline():
     assert judge(obs(), TH).recheck_in == pytest.approx(35.25)    # 990 + 45 - 1000, and a hair
     assert judge(obs(quiet_since=900.0, stall_after=200.0), TH).recheck_in == pytest.approx(100.25)
-    assert judge(obs(records=Records()), TH).recheck_in == 0.0      # no step record yet: no stall coming
+    early = dict(records=Records(), watch_started=990.0, started=990.0)   # no step record yet: the soonest it may learn
+    assert judge(obs(**early), TH).recheck_in == 360.0
+    assert judge(obs(**early, stall_soonest=3.0), TH).recheck_in == 3.0
+    assert judge(obs(quiet_since=900.0, stall_after=200.0, stall_soonest=4.0), TH).recheck_in == 4.0  # records may come
     assert judge(obs(processes=(Proc(1, "gone"),)), TH).state == "anomaly"
 
 
@@ -101,3 +119,15 @@ def test_an_unannounced_eval_is_no_stall(tmp_path, trainer):
     trainer(tmp_path, "--records", 40, "--dt", 0.1, "--eval-every", 100, "--eval-pause", 10)
     rc, out, err = run_script("watchdog.py", tmp_path, *FAST, "--min-stall", 3, timeout=180)
     assert rc == 0 and out.startswith("OK done: "), out + err
+
+
+def test_at_the_default_poll_the_first_learned_deadline_is_met(tmp_path, trainer):
+    """--poll 30 (the default) and a rhythm of 0.1 s steps: the hang 3 s into the run is named at
+    the learned limit (--min-stall 3 s), not at the next 30 s poll."""
+    trainer(tmp_path, "--records", 60, "--dt", 0.1, "--eval-every", 100, "--hang-at", 270)
+    rc, out, err = run_script("watchdog.py", tmp_path, "--startup-grace", "5", "--min-stall", 3, "--no-stacks",
+                              timeout=120)
+    m = anomaly_line(out)
+    assert rc == 7 and m["kind"] == "stall" and int(m["step"]) == 260, out + err
+    age, limit = (float(x) for x in re.search(r"metrics age = ([\d.]+)s > ([\d.]+)s \(learned", out).groups())
+    assert limit < age < 15.0, out   # a poll later would say ~27 s
