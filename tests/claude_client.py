@@ -68,7 +68,7 @@ class Interactive:
     def __init__(self, fake, home: Path, cwd: Path, name: str):
         self.tmux = shutil.which("tmux")
         if not self.tmux:
-            pytest.skip("tmux not installed: the interactive client is driven through tmux")
+            missing("tmux is not installed: the interactive client is driven through tmux (apt-get install tmux)")
         self.sock, self.name = f"sup-{name}-{os.getpid()}", name
         (home / ".claude.json").write_text(json.dumps({
             "hasCompletedOnboarding": True, "theme": "dark",

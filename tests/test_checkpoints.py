@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, assert_checkin_agrees, kind_of, need, run_script, start_script, wait_for
+from conftest import ROOT, assert_checkin_agrees, kind_of, missing, need, run_script, start_script, wait_for
 from supervise.checkpoints import (CheckpointWatch, checkpoint_dirs, choose_resume, declared_keep, examine,
                                    find_checkpoints, remaining_saves, resume_lines, rule_disk)
 from supervise.logs import enospc_line, log_tail
@@ -34,9 +34,9 @@ def tmpfs(tmp_path):
             p = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(d)],
                                capture_output=True, text=True, timeout=30)
         except (OSError, subprocess.SubprocessError) as e:
-            pytest.skip(f"cannot mount a tmpfs ({e}): the disk tests need root and mount(8)")
+            missing(f"cannot mount a tmpfs ({e}): the disk tests need root and mount(8)")
         if p.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs ({p.stderr.strip() or 'mount failed'}): the disk tests need root")
+            missing(f"cannot mount a tmpfs ({p.stderr.strip() or 'mount failed'}): the disk tests need root")
         mounted.append(d)
         return d
 
@@ -444,25 +444,31 @@ def test_enospc_line_is_silent_on_other_failures(log):
 # ---------------------------------------------------------------------------------------------
 # The watchdog and check-in, end to end
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("keep, saves, flags, rc, said", [
-    (0, 20, ["--startup-grace", "60"], 7, "ANOMALY disk: free space = "),   # every save kept
-    (2, 10, ["--disk-min-saves", "2"], 0, "OK done"),                      # rotation: 60 MB through 48 MB
-], ids=["keeps-all-exit-7-while-alive", "rotates-done"])
-def test_watchdog_on_a_writer_filling_a_48mb_disk(tmpfs, tmp_path, writer, keep, saves, flags, rc, said):
+@pytest.mark.parametrize("flags, said", [   # each row turns the other rule off: one can fire
+    (["--disk-min-saves", "2"], "remaining saves x 6.0 MB (every save kept)"),    # projected after 2 saves
+    (["--disk-min-saves", "1000"], "< next save 6.0 MB x 1.5 margin"),           # never projected: the next save
+], ids=["projected", "next-save"])
+def test_watchdog_on_a_writer_filling_a_48mb_disk_exits_7_while_it_lives(tmpfs, tmp_path, writer, flags, said):
     vol = tmpfs("48m")
     run = tmp_path / "run"
-    w = writer(run, vol / "out", "--every", 1, "--mb", 6, "--keep", keep, "--saves", saves)
-    wd = start_script("watchdog.py", run, "--poll", "0.2", *flags)
+    w = writer(run, vol / "out", "--every", 1, "--mb", 6, "--keep", 0, "--saves", 20)   # every save kept
+    wd = start_script("watchdog.py", run, "--poll", "0.2", "--startup-grace", "60", *flags)
     out, err = wd.communicate(timeout=90)
     alive, failed = w.proc.poll() is None, w.failed()
-    assert wd.returncode == rc and out.startswith(said), out + err
-    assert not failed, w.log_path.read_text()[-2000:]
-    if rc == 7:   # before any write failed, the writer still alive
-        assert alive and f" on {vol} at step " in out, out
-        assert_checkin_agrees(run, out.strip())
-        assert "remaining saves x 6.0 MB (every save kept)" in out or "< next save 6.0 MB x 1.5 margin" in out, out
-    else:
-        assert w.proc.wait(timeout=30) == 0
+    assert wd.returncode == 7 and out.startswith("ANOMALY disk: free space = "), out + err
+    assert alive and not failed, w.log_path.read_text()[-2000:]    # before any write failed
+    assert f" on {vol} at step " in out and said in out, out
+    assert_checkin_agrees(run, out.strip())
+
+
+def test_watchdog_on_a_writer_rotating_through_a_48mb_disk_is_ok_done(tmpfs, tmp_path, writer):
+    vol = tmpfs("48m")
+    run = tmp_path / "run"
+    w = writer(run, vol / "out", "--every", 1, "--mb", 6, "--keep", 2, "--saves", 10)   # 60 MB through 48 MB
+    wd = start_script("watchdog.py", run, "--poll", "0.2", "--disk-min-saves", "2")
+    out, err = wd.communicate(timeout=90)
+    assert wd.returncode == 0 and out.startswith("OK done"), out + err
+    assert not w.failed() and w.proc.wait(timeout=30) == 0, w.log_path.read_text()[-2000:]
 
 
 def test_a_crash_on_a_full_disk_is_disk_and_checkin_relaunches_only_once_there_is_room(tmpfs, tmp_path, writer):

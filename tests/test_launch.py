@@ -18,8 +18,8 @@ import pytest
 
 from bad_input import Result, assert_refused, replay, snapshot, user_folder
 from conftest import LAUNCHER, ROOT, as_run, assert_checkin_agrees, end_launched, keeps_writing, kind_of, launch, lines, \
-    pid_alive, polls, procs_with, records, run_script, start_script, stop, trainer_argv, wait_for, wait_for_lines, \
-    wait_for_polls, watchdog_state
+    missing, pid_alive, polls, procs_with, records, run_script, start_script, stop, trainer_argv, wait_for, \
+    wait_for_lines, wait_for_polls, watchdog_state
 from supervise import registry
 from supervise.launch import run_on_exit
 from supervise.recovery import watchdog_line
@@ -193,7 +193,7 @@ def _as_user_without_override():
     if os.geteuid() != 0:
         return []
     if not shutil.which("setpriv"):
-        pytest.skip("root without setpriv: cannot make a folder unwritable for the launcher")
+        missing("root without setpriv: cannot make a folder unwritable for the launcher")
     return ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"]
 
 
@@ -338,8 +338,9 @@ def finished_run(work):
     return run
 
 
-@pytest.mark.skipif(not shutil.which("curl"), reason="curl not installed")
 def test_the_webhook_recipe_posts_the_verdict(work):
+    if not shutil.which("curl"):
+        missing("curl is not installed: the webhook recipe runs it (apt-get install curl)")
     got = []
 
     class Hook(BaseHTTPRequestHandler):

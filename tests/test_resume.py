@@ -57,6 +57,15 @@ def trainer_pid(run: Path, attempt: int):
     return starts[attempt - 1]["pid"] if len(starts) >= attempt else None
 
 
+def newest_saved_step(run: Path) -> int:
+    """The step of the newest whole checkpoint on disk, read from the checkpoint itself:
+    last.pt's own step (the torch template), the highest checkpoint-N with its trainer state (HF)."""
+    d = run / "checkpoints"
+    if (d / "last.pt").exists():
+        return int(need("torch").load(d / "last.pt", map_location="cpu", weights_only=False)["step"])
+    return max(int(p.name.split("-")[1]) for p in d.glob("checkpoint-*") if (p / "trainer_state.json").exists())
+
+
 def steps_of(attempt):
     return [r for r in attempt if "loss" in r]
 
@@ -90,6 +99,7 @@ def test_sigkill_mid_run_then_the_relaunch_line_finishes_it(reference, kind, tmp
     killed_at = max(r["step"] for r in records(run) if "loss" in r)
     assert killed_at < 60 and not (run / "final_val_metrics.json").exists()
     assert len(checkpoints(run)) <= 2
+    saved = newest_saved_step(run)   # 20, or 40 when the kill came after that save
 
     start = attempts(run)[0][0]
     line = relaunch_line(start, verdict_of(kind), run)
@@ -111,7 +121,7 @@ def test_sigkill_mid_run_then_the_relaunch_line_finishes_it(reference, kind, tmp
     resumed = steps_of(a2)
     (said,) = re.findall(r"^resume: step (\d+) from run/checkpoints/\S+$", (run / "train.log").read_text(), re.M)
     from_step = int(said)
-    assert from_step in (20, 40) and from_step <= killed_at  # the last checkpoint before the kill
+    assert from_step == saved and saved <= killed_at  # the last checkpoint before the kill
     assert resumed[0]["step"] == from_step + 10 and resumed[-1]["step"] == 60  # the step count continues
     final = read_json(run / "final_val_metrics.json")
     assert final["run_id"] == a2[0]["run_id"] and final["attempt"] == 2 and final["step"] == 60

@@ -8,13 +8,12 @@ import json
 import os
 import signal
 import sys
-import time
 
 import pytest
 
 from claude_client import Interactive, bash, client, skill_block
-from conftest import FAKE, ROOT, as_run, attempts, end_launched, keeps_writing, kind_of, lines, pid_alive, procs_with, \
-    step_of, wait_for
+from conftest import FAKE, ROOT, WATCHDOG, as_run, attempts, end_launched, keeps_writing, kind_of, lines, pid_alive, \
+    procs_with, step_of, wait_for
 from fake_anthropic import FakeAnthropic, text_of
 from supervise.state import launch_alive, read_launch
 
@@ -203,7 +202,8 @@ def test_the_headless_chain_closes_with_nobody_there(work):
         assert pid_alive(relaunch["pid"]) and not (run / "final_val_metrics.json").exists(), \
             "the relaunched trainer must outlive the resumed session"
         wait_for(lambda: len(agent.wakes) >= 2, "OK done back at the conversation", timeout=240)
-        time.sleep(3)
+        wait_for(lambda: not procs_with(str(WATCHDOG)) and not procs_with(WAKE),
+                 "every watchdog and every resumed claude -p to end", timeout=120)  # nothing is left to wake anyone
     finally:
         fake.__exit__(None, None, None)
     assert kind_of(verdict_of(agent.wakes[0])) == "nan" and step_of(verdict_of(agent.wakes[0])) == 60, agent.wakes
@@ -229,8 +229,8 @@ def test_a_run_that_fails_every_time_stops_at_the_no_progress_bound(work):
     try:
         wait_for(lambda: "no_progress" in [kind_of(verdict_of(w)) for w in agent.wakes], "the no_progress wake",
                  timeout=420)
-        wait_for(lambda: not procs_with(f"{WAKE} ANOMALY"), "the last resumed claude -p to end", timeout=120)
-        time.sleep(10)  # nothing more comes: no watchdog is left to wake anyone
+        wait_for(lambda: not procs_with(str(WATCHDOG)) and not procs_with(WAKE),
+                 "every watchdog and every resumed claude -p to end", timeout=120)  # nothing is left to wake anyone
     finally:
         fake.__exit__(None, None, None)
     kinds = [kind_of(verdict_of(w)) for w in agent.wakes]

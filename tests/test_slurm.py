@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, assert_checkin_agrees, kind_of, need, read_json, step_of, wait_for
+from conftest import ROOT, assert_checkin_agrees, kind_of, missing, need, read_json, step_of, wait_for
 from supervise.thresholds import Thresholds
 from supervise.slurm import SlurmJob, query, slurm_anomaly
 from supervise.watch import Watchdog
@@ -326,14 +326,14 @@ def _pid(path):
 def slurm():
     """A running single-node Slurm: the one already up, or one started by .ci/slurm-setup.sh
     (and stopped again at the end of the session: only the daemons it started)."""
-    missing = [c for c in ("sbatch", "squeue", "scontrol", "slurmctld", "slurmd", "munged") if not shutil.which(c)]
-    if missing:
-        pytest.skip(f"Slurm is not installed ({', '.join(missing)} missing): run .ci/slurm-setup.sh as root "
-                    "(apt-get install slurm-wlm munge)")
+    absent = [c for c in ("sbatch", "squeue", "scontrol", "slurmctld", "slurmd", "munged") if not shutil.which(c)]
+    if absent:
+        missing(f"Slurm is not installed ({', '.join(absent)} missing): run .ci/slurm-setup.sh as root "
+                "(apt-get install slurm-wlm munge)")
     started = []
     if not _node_up():
         if os.geteuid() != 0:
-            pytest.skip("Slurm is installed but not running, and starting slurmctld/slurmd needs root")
+            missing("Slurm is installed but not running, and starting slurmctld/slurmd needs root")
         daemons = (("slurmd", "/run/slurmd.pid"), ("slurmctld", "/run/slurmctld.pid"), ("slurmdbd", "/run/slurmdbd.pid"),
                    ("mariadbd", "/run/mysqld/mysqld.pid"), ("munged", "/run/munge/munged.pid"))
         before = {n: _pid(f) for n, f in daemons}
@@ -341,7 +341,7 @@ def slurm():
         try:
             wait_for(_node_up, "slurmctld/slurmd to bring the node up", timeout=60, tick=1)
         except AssertionError:
-            pytest.skip("slurmctld/slurmd did not bring the node up within 60 s (see /var/log/slurm/)")
+            missing("slurmctld/slurmd did not bring the node up within 60 s (see /var/log/slurm/)")
         started = [p for n, f in daemons if (p := _pid(f)) and p != before[n]]
     yield
     for pid in started:  # only the daemons this session started, slurmd first
@@ -425,8 +425,8 @@ def test_live_memory_limit_kill_is_an_oom(slurm, tmp_path):
 def test_live_sacct_once_squeue_forgot_the_job(slurm, tmp_path):
     probe = subprocess.run(["sacct", "-X", "-n", "-j", "1"], capture_output=True, text=True, timeout=30)
     if probe.returncode != 0:
-        pytest.skip(f"sacct needs Slurm accounting (slurmdbd): {probe.stderr.strip()[:120]} "
-                    "(.ci/slurm-setup.sh --accounting sets it up)")
+        missing(f"sacct needs Slurm accounting (slurmdbd): {probe.stderr.strip()[:120]} "
+                "(.ci/slurm-setup.sh --accounting sets it up)")
     jid = sbatch("--chdir", tmp_path, "--wrap", "echo start; python3 -c 'raise KeyError(\"label\")'")
     wait_state(jid, lambda j: j.finished)
 

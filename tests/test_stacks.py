@@ -111,15 +111,15 @@ def assert_captured(run_dir, line, state, ended, n_files=1, how=None):
 
 
 def as_nobody() -> tuple:
-    """(the argv prefix that runs a command as uid/gid 65534, a Python that user may run), or a skip."""
+    """(the argv prefix that runs a command as uid/gid 65534, a Python that user may run), or ``missing``."""
     if os.geteuid() != 0 or not shutil.which("setpriv"):
-        pytest.skip("needs root and setpriv to run the watchdog as another user")
+        missing("needs root and setpriv to run the watchdog as another user")
     prefix = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
     for python in (sys.executable, "/usr/bin/python3"):
         ok = subprocess.run([*prefix, python, "-c", "import json"], capture_output=True).returncode == 0
         if ok:
             return prefix, python
-    pytest.skip("no Python that uid 65534 may run")
+    missing("no Python that uid 65534 may run")
 
 
 # --- the signal and the in-process handler ---------------------------------------------------------
@@ -186,7 +186,9 @@ def test_a_process_without_the_handler_is_never_sent_the_signal(tmp_path):
         head, why = st.registration(live, victim.pid)
         assert head is None and "is not handled" in why
         found = st.capture(tmp_path, [st.Target(victim.pid, 0, "rank")], py_spy=None)
-        time.sleep(0.3)
+        status = dict(ln.split(":\t", 1) for ln in Path(f"/proc/{victim.pid}/status").read_text().splitlines()
+                      if ":\t" in ln)   # a signal sent is pending until delivered, and then it ends the process
+        assert int(status["SigPnd"], 16) == int(status["ShdPnd"], 16) == 0 and status["State"][0] != "Z", status
         assert victim.poll() is None and pid_alive(victim.pid)
         (p,) = found.procs
         assert not p.frames and "py-spy is not installed" in p.error and Path(p.path).exists()

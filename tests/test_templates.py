@@ -160,10 +160,9 @@ def test_bad_labels_stop_at_start_up_with_one_line(name, labels, line, tmp_path)
     assert not (tmp_path / "run" / "final_val_metrics.json").exists()
 
 
+@pytest.mark.parametrize("full_run", ["train_hf.py"], indirect=True)  # --model PATH_OR_NAME is the HF template's
 def test_hf_template_loads_a_saved_model(full_run, tmp_path):
     script, run = full_run
-    if script.name != "train_hf.py":
-        pytest.skip("--model PATH_OR_NAME is the HF template's")
     saved = tmp_path / "saved"
     best = read_json(run / "final_val_metrics.json")["best_checkpoint"]
     shutil.copytree(run.parent / best, saved)

@@ -10,7 +10,6 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -49,7 +48,11 @@ def nan_then_next_lines(work, *loop_args) -> tuple[Path, list[str]]:
     assert rc == 7 and kind_of(out) == "nan", out + err
     text = run_script("checkin.py", run)[1]
     nxt = [ln[len("next: "):] for ln in text.splitlines() if ln.startswith("next: ")]
-    assert len(nxt) == 2 and "/scripts/launch.py " in nxt[0] and " --replace " in nxt[0], text
+    relaunch = [sys.executable, str(LAUNCHER), str(run), "--replace", "--", sys.executable, "-u", str(LOOP),
+                "--out", str(run), "--nan-at", "60", "--dt", "0.02", *loop_args,
+                "--lr=0.005", "--resume", str(run / "checkpoints" / "step-50.pt")]   # half the lr, the save at 50
+    assert nxt == [f"cd {shlex.quote(str(work))} && {shlex.join(relaunch)}",
+                   shlex.join([sys.executable, str(WATCHDOG), str(run), "--poll", "0.3"])], text
     return run, nxt
 
 
@@ -129,9 +132,10 @@ def test_on_exit_is_sent_once_per_verdict_and_launch(work):
     wait_for(lambda: (work / "woke.txt").exists(), "the first wake")
     rc, again, err = run_script("watchdog.py", run, *wake, cwd=work, timeout=BOUND)
     assert rc == 7 and again == first and "--on-exit not run again: it ran for ANOMALY nan of pid " in err, err
-    time.sleep(1)
-    assert (work / "woke.txt").read_text().splitlines() == [first.strip()]
+    # the record and the log's header are written before the command starts: one of each, one wake
     assert [e["headline"] for e in read_launch(run)["on_exit"]] == ["ANOMALY nan"]
+    assert sum(ln.startswith("--- ") for ln in (run / "on_exit.log").read_text().splitlines()) == 1
+    assert (work / "woke.txt").read_text().splitlines() == [first.strip()]
 
 
 def test_a_launch_refuses_a_live_trainer_nobody_launched_and_replace_stops_it(work):

@@ -189,11 +189,17 @@ def filler(trainer):
     return start
 
 
-def test_random_bytes_pt_files_filling_a_volume_are_disk_before_a_write_fails(tmpfs, tmp_path, filler):
+@pytest.mark.parametrize("flags, said, end", [   # each row turns the other rules off: one can fire
+    (["--disk-margin", "1", "--disk-free-min", "0.001"], "ANOMALY disk: time to full = ", "before the volume fills."),
+    (["--disk-horizon", "1", "--disk-margin", "2.5", "--disk-free-min", "0.001"],
+     "< next write 4.0 MB x 2.5 margin", "before the next write fails."),
+], ids=["slope", "next-write"])
+def test_random_bytes_pt_files_filling_a_volume_are_disk_before_a_write_fails(tmpfs, tmp_path, filler, flags, said,
+                                                                              end):
     vol = tmpfs("48m")
     run = tmp_path / "run"          # train.log beside the volume; the checkpoint folder on it
     w = filler(run, "--fill", "pt", "--dir", vol / "out", "--every", 2, "--mb", 4, "--ticks", 40)
-    wd = start_script("watchdog.py", run, "--poll", "0.2")
+    wd = start_script("watchdog.py", run, "--poll", "0.2", *flags)
     out, err = wd.communicate(timeout=120)
     alive, failed = w.proc.poll() is None, w.failed()
     print(f"\nwatchdog: {out.strip()}")
@@ -201,7 +207,7 @@ def test_random_bytes_pt_files_filling_a_volume_are_disk_before_a_write_fails(tm
     assert alive and not failed, w.log_path.read_text()[-2000:]
     assert all(p.stat().st_size == 4 * MB for p in (vol / "out").iterdir()), "a write failed before the verdict"
     assert f" on {vol} (checkpoints)" in out and "growing: out +" in out and "new files)" in out, out
-    assert out.strip().endswith("before the volume fills.") or "before the next write fails." in out, out
+    assert said in out and out.strip().endswith(end), out
     assert_checkin_agrees(run, out.strip())
     # the writer really was filling it: it dies of it, and its log (off the volume) says so
     assert w.proc.wait(timeout=120) == 1 and w.failed()

@@ -5,6 +5,7 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 from dataclasses import dataclass
 
 import pytest
@@ -223,14 +224,29 @@ def test_durations_accept_units(tmp_path, trainer):
     assert rc == 7 and out.startswith("ANOMALY timeout: wall time = ") and "> 1.2s (--hard-timeout) at step" in out
 
 
-# kinds whose scenario lives in another test (the file that proves it)
-ELSEWHERE = {"dead": "test_real_signal_is_caught_within_one_poll", "stall": "test_real_signal_is_caught_within_one_poll",
-             "gpu_idle": "test_gpu_idle_through_injected_probe", "blind": "test_blind_watchdog_says_so",
-             "overfit": "test_rules.py", "rank_hang": "test_ranks.py", "straggler": "test_ranks.py",
-             "node_fail": "test_slurm.py", "preempted": "test_slurm.py", "no_progress": "test_recovery.py",
-             "disk": "test_checkpoints.py"}
+# kinds whose scenario lives in another test: kind -> "file::test" (the test that proves it)
+ELSEWHERE = {"dead": "test_watchdog.py::test_real_signal_is_caught_within_one_poll",
+             "stall": "test_watchdog.py::test_real_signal_is_caught_within_one_poll",
+             "gpu_idle": "test_watchdog.py::test_gpu_idle_through_injected_probe",
+             "blind": "test_verdict_traps.py::test_blind_watchdog_says_so",
+             "overfit": "test_rules.py::test_overfit_is_a_warning_unless_its_flag_is_set",
+             "rank_hang": "test_ranks.py::test_rank_hang",
+             "straggler": "test_ranks.py::test_straggler_sustained_over_the_window",
+             "node_fail": "test_slurm.py::test_the_watchdog_follows_a_job_from_the_queue_to_its_end",
+             "preempted": "test_slurm.py::test_the_watchdog_follows_a_job_from_the_queue_to_its_end",
+             "no_progress": "test_verdict_traps.py::test_three_relaunches_from_the_same_checkpoint_are_no_progress",
+             "disk": "test_checkpoints.py::test_a_disk_filling_up_is_caught_before_any_save_fails"}
 
 
 def test_every_kind_has_a_scenario():
+    """Every kind is proven here (CASES) or by the named test, which exists and names the kind
+    (in its parameters or its body): a renamed or rewritten test fails this, not a dict."""
     covered = {c.kind for c in CASES} | set(ELSEWHERE)
-    assert covered >= set(KINDS)
+    assert covered >= set(KINDS), set(KINDS) - covered
+    for kind, where in ELSEWHERE.items():
+        file, _, name = where.partition("::")
+        text = (Path(__file__).parent / file).read_text()
+        at = text.find(f"\ndef {name}(")
+        assert at >= 0, f"{where}: no such test for {kind}"
+        head, tail = text.rfind("\n\n\n", 0, at), text.find("\n\n\n", at + 1)  # its decorators and body
+        assert kind in text[head:tail if tail > 0 else None], f"{where} never names {kind}"
