@@ -30,7 +30,8 @@ LAUNCHERS = {"torchrun", "deepspeed"}
 SCHEDULERS = {"sbatch"}  # a batch job detaches by design: a launch that needs no run_in_background
 LOG_FILE = re.compile(r"(\.log|\.out|\.err|\.txt)$|(^|/)nohup\.out$")
 BIG = 256 << 10
-MAX_TAIL = 200
+MAX_TAIL = 200  # lines of a log that head or tail may print
+MAX_TAIL_BYTES = 32 << 10  # bytes of a log that head -c or tail -c may print: about MAX_TAIL lines of 160
 CREDENTIALS = ("~/.git-credentials", "~/.netrc", "~/.aws/credentials", "~/.config/gh/hosts.yml",
                "~/.cache/huggingface/token", "~/.huggingface/token", "~/.ssh/id_", "~/.docker/config.json",
                "~/.kaggle/kaggle.json", "~/.config/huggingface/token",
@@ -142,7 +143,7 @@ def _split_env(words: list[str]) -> tuple[dict, list[str]]:
 def _launch(words: list[str]) -> Optional[dict]:
     """A Python launch in this simple command: {'env', 'argv', 'kind', 'at'} or None."""
     env, rest = _split_env(words)
-    for wrapper in ("nohup", "setsid", "exec", "time", "nice"):
+    for wrapper in ("coproc", "nohup", "setsid", "exec", "time", "nice"):
         if rest and rest[0] == wrapper:
             rest = rest[1:]
     if not rest:
@@ -300,15 +301,47 @@ def rule_quiet_env(call: Call) -> Optional[str]:
     return None
 
 
-DETACH = re.compile(r"(^|[\s;&|(])(nohup|setsid|disown)(\s|$)|screen\s+-d?m")
+DETACH = re.compile(r"(^|[\s;&|(])(nohup|setsid|disown|coproc)(\s|$)|screen\s+-d?m")
 TMUX_NEW = re.compile(r"tmux\s+new(-session)?\b")
 DASH_D = re.compile(r"\s-d")
+SYSTEMD_RUN = re.compile(r"(?:^|[\s;&|(/])systemd-run(?=\s)")
+# systemd-run's options that take the next word as their value (--unit NAME, -p KEY=VALUE, ...)
+SYSTEMD_VALUE_OPTS = {"-p", "--property", "-u", "--unit", "-E", "--setenv", "-M", "--machine", "-H", "--host",
+                      "--uid", "--gid", "--nice", "--working-directory", "--description", "--slice", "--service-type",
+                      "--on-active", "--on-boot", "--on-startup", "--on-unit-active", "--on-unit-inactive",
+                      "--on-calendar", "--timer-property", "--path-property", "--socket-property"}
+SYSTEMD_OPTS_READ = 64  # options of one systemd-run read before its command (a bound: linear time)
+_SHELL_WORD = re.compile(r"\s*([^\s;&|()]+)")
+
+
+def _systemd_detaches(text: str, pos: int) -> bool:
+    """Does the systemd-run that ends at ``pos`` start its command as a transient service (it runs on
+    after the call, outside it) rather than in the caller's own process (``--scope``)?"""
+    skip = False
+    for _ in range(SYSTEMD_OPTS_READ):
+        m = _SHELL_WORD.match(text, pos)
+        if m is None:
+            return False  # no command: nothing is started
+        w, pos = m.group(1).strip("'\""), m.end()
+        if skip:
+            skip = False
+        elif w == "--scope":
+            return False
+        elif w == "--" or not w.startswith("-"):
+            return True
+        else:
+            skip = w in SYSTEMD_VALUE_OPTS
+    return True
 
 
 def detached(text: str) -> bool:
-    """nohup, setsid, disown, ``screen -dm``, or ``tmux new`` with ``-d`` later on the same line; in
-    linear time (one search for the first ``tmux new`` of each line, one for a ``-d`` after it)."""
+    """nohup, setsid, disown, coproc, ``screen -dm``, ``systemd-run`` (a transient service; not with
+    ``--scope``), or ``tmux new`` with ``-d`` later on the same line; in linear time (one search for
+    the first ``tmux new`` of each line, one for a ``-d`` after it; at most SYSTEMD_OPTS_READ words
+    after each systemd-run)."""
     if DETACH.search(text):
+        return True
+    if "systemd-run" in text and any(_systemd_detaches(text, m.end()) for m in SYSTEMD_RUN.finditer(text)):
         return True
     for line in text.split("\n"):
         m = TMUX_NEW.search(line)
@@ -329,7 +362,7 @@ def rule_notified(call: Call) -> Optional[str]:
     # in the foreground any & detaches; in a background job only a trailing one does (a & b & wait
     # keeps the job, and its notification, until both end); items, not parts: the & of ``(...) &``
     # follows no command
-    amp = items[-1][1] == "&" if call.background else any(op == "&" for _, op in items)
+    amp = bool(items) and items[-1][1] == "&" if call.background else any(op == "&" for _, op in items)
     # a launch inside a -c string that TRAINING_TEXT misses is a uv run: the walk looks for one then
     trains = bool(_launches(call)) or bool(TRAINING_TEXT.search(text)) or ("uv" in text and _items_train(items, 0))
     if not ((trains and (amp or detached(text))) or (_nesting(text) and _nested_detach(items, 0))):
@@ -337,10 +370,10 @@ def rule_notified(call: Call) -> Optional[str]:
     fix = detach_fix(text, 0, items) if "\n" not in text.strip() and not call.read else None
     where = " (RUN_DIR: the run's folder, for train.log and metrics.jsonl.)" if fix and " RUN_DIR -- " in fix else ""
     how = "" if fix else f" Launch it as {_launcher_form()}."
-    return _deny("notified", "A detached launch (&, nohup, setsid, disown, tmux -d, screen -dm, in bash -c or ( ) "
-                 "too) leaves no launch record and never wakes you: start the trainer with the launcher (it "
-                 "detaches it to outlive this session, and records it), then run the watchdog line it prints "
-                 "with run_in_background: true." + where + how, fix)
+    return _deny("notified", "A detached launch (&, nohup, setsid, disown, coproc, systemd-run, tmux -d, screen -dm, "
+                 "in bash -c, eval or ( ) too) leaves no launch record and never wakes you: start the trainer with "
+                 "the launcher (it detaches and records it), then run the watchdog line it prints with "
+                 "run_in_background: true." + where + how, fix)
 
 
 def _launcher_form() -> str:
@@ -352,30 +385,32 @@ def _launcher_form() -> str:
 MAX_NEST = 3  # levels of bash -c strings read; the one past it is judged by its text alone (a bounded recursion)
 SHELLS = {"bash", "sh", "zsh", "dash", "ksh", "ash"}
 SHELL_ARG_OPTS = {"-o", "+o", "-O", "+O", "--rcfile", "--init-file"}  # a shell's options that take a value
-PREFIXES = {"nohup", "setsid", "exec", "time", "nice", "command"}   # words that run the command after them
+PREFIXES = {"nohup", "setsid", "exec", "time", "nice", "command", "coproc"}  # words that run the command after them
 ENV_ARG_OPTS = {"-u", "--unset", "-C", "--chdir"}
 TRAINING_TEXT = re.compile(r"python\d*(\.\d+)?\s|torchrun|accelerate\s+launch|deepspeed")
 LONE_AMP = re.compile(r"(?<![&>|])&(?![&>])")  # an & that puts a command in the background (not &&, 2>&1, &>, |&)
 # what a subshell, a { } group or a shell's -c string needs in the text (a cheap test before the walk)
-NESTING_TEXT = re.compile(r"""[({]|(?:^|[\s/;&|'"])(?:ba|z|da|k|a)?sh['"]?\s""")
+NESTING_TEXT = re.compile(r"""[({]|(?:^|[\s/;&|'"])(?:ba|z|da|k|a)?sh['"]?\s|(?:^|[\s;&|])eval\s""")
 
 
 def _nesting(text: str) -> bool:
-    """Might ``text`` hold a subshell, a { } group or a shell's -c string: NESTING_TEXT, searched
-    only when the plain substring tests (fast) leave it open."""
-    return "(" in text or "{" in text or ("sh" in text and bool(NESTING_TEXT.search(text)))
+    """Might ``text`` hold a subshell, a { } group or a shell's -c string (or eval's string): NESTING_TEXT,
+    searched only when the plain substring tests (fast) leave it open."""
+    return "(" in text or "{" in text or (("sh" in text or "eval" in text) and bool(NESTING_TEXT.search(text)))
 
 
 def _shell_c(pairs: list) -> Optional[tuple[int, int]]:
     """(where the shell's word is, where its -c string is) when this simple command runs a shell's
     -c string: ``bash -c STRING``, also sh, zsh, dash, ksh by any path, after VAR=value, env, nohup,
-    setsid, exec, time, nice, with -c among other options (``-lc``, ``--login -c``); else None."""
+    setsid, exec, time, nice, with -c among other options (``-lc``, ``--login -c``); also ``eval WORDS``
+    (this shell runs its words joined as a command: read like a -c string, see c_string); else None."""
     for _, first in pairs:
         if first != "{":
             break
     else:
         return None
-    if not (first in PREFIXES or first == "env" or first.rpartition("/")[2] in SHELLS or ENV_ASSIGN.match(first)):
+    if not (first in PREFIXES or first in ("env", "eval") or first.rpartition("/")[2] in SHELLS
+            or ENV_ASSIGN.match(first)):
         return None  # the common case, decided on one word
     words = [w for _, w in pairs]
     i, n = 0, len(words)
@@ -391,6 +426,8 @@ def _shell_c(pairs: list) -> Optional[tuple[int, int]]:
                 i += 2 if w == "env" and words[i] in ENV_ARG_OPTS else 1
         else:
             break
+    if i + 1 < n and words[i] == "eval":  # eval 'python train.py &': the words after it (c_string joins them)
+        return i, i + 1
     if i >= n or os.path.basename(words[i]) not in SHELLS:
         return None
     j, c = i + 1, False
@@ -409,6 +446,22 @@ def _shell_c(pairs: list) -> Optional[tuple[int, int]]:
         else:
             break
     return (i, j) if c and j < n else None
+
+
+def c_string(pairs: list, sc: tuple[int, int]) -> str:
+    """The command text that _shell_c's simple command runs: its shell's -c string, or the words eval
+    joins with blanks (``eval python train.py '&'`` runs ``python train.py &``), redirections left out."""
+    i, j = sc
+    if pairs[i][1] != "eval":
+        return pairs[j][1]
+    words, skip = [], False
+    for raw, word in pairs[j:]:
+        m = None if skip else REDIRECT.match(raw)
+        if skip or m:
+            skip = bool(m) and m.group(1) == ""
+            continue
+        words.append(word)
+    return " ".join(words)
 
 
 def _unbrace(pairs: list) -> tuple[int, list]:
@@ -438,7 +491,7 @@ def _items_train(items: Optional[list], depth: int) -> bool:
         if _launch_at(pairs):
             return True
         sc = _shell_c(pairs)
-        if sc and _trains(pairs[sc[1]][1], depth + 1):
+        if sc and _trains(c_string(pairs, sc), depth + 1):
             return True
         words = _split_env([w for _, w in pairs])[1]
         if words and os.path.basename(words[0]) in MULTIPLEXERS and \
@@ -475,7 +528,7 @@ def _nested_detach(items: Optional[list], depth: int) -> bool:
                 stack[-1][1] = False
             sc, here = _shell_c(pairs), False
             if sc is not None:
-                inner = pairs[sc[1]][1]
+                inner = c_string(pairs, sc)
                 if depth >= MAX_NEST:
                     here = bool(TRAINING_TEXT.search(inner))
                     if here and (detached(inner) or LONE_AMP.search(inner)):
@@ -528,8 +581,10 @@ def _detaches(command: str) -> bool:
 
 
 # ----------------------------------------------------------------------------- the launcher's line as the fix
-WRAPPERS = {"nohup", "setsid"}         # dropped: the launcher detaches the command itself
+WRAPPERS = {"nohup", "setsid", "coproc"}  # dropped: the launcher detaches the command itself
 MULTIPLEXERS = {"tmux", "screen"}      # the training command is found inside their arguments
+SERVICE_RUNNERS = {"systemd-run"}      # ... and among these' words (a unit of its own: dropped as well)
+LAUNCH_WINDOW = 16  # words read after a multiplexer's or service runner's word to tell a launch's start
 OUT_FLAGS = ("--out", "--output_dir", "--output-dir", "--out-dir", "--out_dir", "--run-dir", "--run_dir")
 LAUNCHER_ENV = {"PYTHONUNBUFFERED", *QUIET}  # the launcher sets these itself
 REDIRECT = re.compile(r"^(?:\d*|&)(?:>>?|<)&?(.*)$")
@@ -570,9 +625,13 @@ def _launch_at(pairs: list) -> Optional[tuple[list[str], list]]:
         while i < len(pairs) and pairs[i][1].startswith("-"):
             i += 1
     rest = pairs[i:]
-    if rest and os.path.basename(rest[0][1]) in MULTIPLEXERS:  # tmux new -d -s t python train.py
-        k = next((k for k in range(1, len(rest)) if not rest[k][1].startswith("-")
-                  and _launch([w for _, w in rest[k:]])), None)
+    head = os.path.basename(rest[0][1]) if rest else ""
+    if head in MULTIPLEXERS or head in SERVICE_RUNNERS:  # tmux new -d -s t python train.py, systemd-run --user ...
+        # where the launch starts, judged on a window of words after each candidate (linear time: a list of
+        # all the words after each one would make 20,000 words of ``systemd-run`` take seconds)
+        k = next((k for k in range(1, len(rest)) if not rest[k][1].startswith("-") and not
+                  (head in SERVICE_RUNNERS and ENV_ASSIGN.match(rest[k][1])) and
+                  _launch([w for _, w in rest[k:k + LAUNCH_WINDOW]])), None)
         return _launch_at(rest[k:]) if k else None
     found = _launch([w for _, w in rest])
     if not found or _own(found):
@@ -672,7 +731,9 @@ def _fix_one(pairs: list, depth: int, launcher_line: Callable) -> Optional[tuple
         line = launcher_line(_run_dir_of(cmd, " ".join(r for r, _ in pairs)), " ".join(r for r, _ in cmd))
         return brace + " ".join([*env, line]), True
     sc = _shell_c(pairs)
-    if sc is not None and _trains(pairs[sc[1]][1], depth + 1):
+    if sc is not None and _trains(c_string(pairs, sc), depth + 1):
+        if pairs[sc[0]][1] == "eval" and c_string(pairs, sc) != pairs[sc[1]][1]:
+            return None  # eval of several words: no one word to put the fixed string in
         inner = detach_fix(pairs[sc[1]][1], depth + 1)  # bash -c 'cd x && python train.py &': its own chain
         if inner is None:
             return None
@@ -752,14 +813,67 @@ def _size(call: Call, path: str) -> int:
         return -1
 
 
-def _tail_n(args: list[str]) -> Optional[int]:
+# the multipliers GNU head and tail accept after a count (-c 10M, -n 1K)
+COUNT_SUFFIX = {"": 1, "b": 512, "K": 1024, "KiB": 1024, "kB": 1000, "KB": 1000, "M": 1 << 20, "MiB": 1 << 20,
+                "MB": 10 ** 6, "G": 1 << 30, "GiB": 1 << 30, "GB": 10 ** 9}
+COUNT = re.compile(r"^([+-]?)(\d+)([A-Za-z]*)$")
+OLD_COUNT = re.compile(r"^-\d+$")  # tail -1000, head -300: the old form of -n
+
+
+def head_tail_count(args: list[str], short: str, long: str) -> Optional[tuple[str, int]]:
+    """(its sign, its value) of head's or tail's count option in ``args``: ``short`` "n" and ``long``
+    "--lines" for lines (also the old form -1000), "c" and "--bytes" for bytes, as -n 5, -n5, --lines=5,
+    --lines 5, with a sign (+N: tail from the Nth on; -N: head all but the last N) and a multiplier
+    (10M, 1K); None when it is not given or cannot be read."""
     for i, a in enumerate(args):
-        m = re.match(r"^(?:-n|--lines=?)(\+?\d+)$", a) or re.match(r"^-(\d+)$", a)
-        if m:
-            return int(m.group(1).lstrip("+"))
-        if a in ("-n", "--lines") and i + 1 < len(args) and args[i + 1].lstrip("+").isdigit():
-            return int(args[i + 1].lstrip("+"))
+        if a in ("-" + short, long):
+            value = args[i + 1] if i + 1 < len(args) else ""
+        elif a.startswith("-" + short) and len(a) > 2:
+            value = a[2:]
+        elif a.startswith(long + "="):
+            value = a[len(long) + 1:]
+        elif short == "n" and OLD_COUNT.match(a):
+            value = a[1:]
+        else:
+            continue
+        m = COUNT.match(value)
+        return (m[1], int(m[2]) * COUNT_SUFFIX[m[3]]) if m and m[3] in COUNT_SUFFIX else None
     return None
+
+
+def _checkin_fix(path: str) -> str:
+    """What to run instead of dumping the log ``path``: check-in of its folder, or its filtered tail."""
+    return ("python " + str(BUNDLE / "scripts" / "checkin.py") + f" {shlex.quote(os.path.dirname(path) or '.')} (or "
+            f"tail -n 20 metrics.jsonl, or grep -avE \"it/s|Materializing|Loading weights\" {shlex.quote(path)} | "
+            "tail -n 50)")
+
+
+def _head_tail_dump(call: Call, exe: str, args: list[str], log: str) -> Optional[str]:
+    """The deny reason when ``exe`` (head or tail) prints more of the log ``log`` than the context can
+    take: more than MAX_TAIL lines, more than MAX_TAIL_BYTES bytes, or all of it from a line or byte on
+    (tail -n +1, tail -c +1, head -n -5), unless the file is known to be no bigger than MAX_TAIL_BYTES."""
+    lines, nbytes = head_tail_count(args, "n", "--lines"), head_tail_count(args, "c", "--bytes")
+    count, unit = (nbytes, "byte") if nbytes else (lines, "line")
+    if count is None:
+        return None
+    sign, n = count
+    to_the_end = sign == ("+" if exe == "tail" else "-")  # tail from the Nth on; head all but the last N
+    if not to_the_end and n <= (MAX_TAIL_BYTES if unit == "byte" else MAX_TAIL):
+        return None
+    size = _size(call, log)
+    if 0 <= size <= MAX_TAIL_BYTES:
+        return None  # a small file: all of it is a short read
+    of = f" ({size // 1024:,} KiB)" if size > 0 else ""
+    if to_the_end:
+        flag = f"{exe} {'-c' if unit == 'byte' else '-n'} {sign}{n}"
+        what = (f"{flag} prints {log}{of} from {unit} {n} to its end" if exe == "tail" else
+                f"{flag} prints all of {log}{of} but its last {n} {unit}s")
+        return _deny("no_log_dumps", f"{what}: dumping it floods the context.", _checkin_fix(log))
+    if unit == "byte":
+        return _deny("no_log_dumps", f"{n:,} bytes of {log} flood the context (the bound is "
+                     f"{MAX_TAIL_BYTES >> 10} KiB, about {MAX_TAIL} lines).", _checkin_fix(log))
+    return _deny("no_log_dumps", f"{n} lines of {log} flood the context; read the tail through the progress-bar "
+                 "filter.", f"grep -avE \"it/s|Materializing|Loading weights\" {shlex.quote(log)} | tail -n 50")
 
 
 def rule_no_log_dumps(call: Call) -> Optional[str]:
@@ -780,16 +894,12 @@ def rule_no_log_dumps(call: Call) -> Optional[str]:
             big = [f for f in files if _size(call, f) > BIG]
             if big:
                 return _deny("no_log_dumps", f"{big[0]} is {_size(call, big[0]) // 1024} KiB: dumping it floods "
-                             "the context.", "python " + str(BUNDLE / "scripts" / "checkin.py") +
-                             f" {shlex.quote(os.path.dirname(big[0]) or '.')} (or tail -n 20 metrics.jsonl, or "
-                             f"grep -avE \"it/s|Materializing|Loading weights\" {shlex.quote(big[0])} | tail -n 50)")
+                             "the context.", _checkin_fix(big[0]))
         if exe in ("head", "tail") and "-f" not in args:
-            n = _tail_n(args)
             logs = [f for f in files if LOG_FILE.search(f)]
-            if n is not None and n > MAX_TAIL and logs:
-                return _deny("no_log_dumps", f"{n} lines of {logs[0]} flood the context; read the tail through "
-                             "the progress-bar filter.", f"grep -avE \"it/s|Materializing|Loading weights\" "
-                             f"{shlex.quote(logs[0])} | tail -n 50")
+            reason = _head_tail_dump(call, exe, args, logs[0]) if logs else None
+            if reason:
+                return reason
     return None
 
 
@@ -803,7 +913,27 @@ READERS = {"cat", "tac", "nl", "less", "more", "most", "bat", "batcat", "head", 
 COPIERS = {"cp", "scp", "rsync", "install"}  # all but the last path are read (cp .env.example .env writes one)
 PROGRAM_FIRST = {"grep", "egrep", "fgrep", "rg", "ag", "sed", "awk", "gawk", "mawk", "jq"}  # 1st word: the pattern
 PROGRAM_FLAGS = ("-e", "-f", "--regexp", "--file", "--expression")  # ... unless given by a flag
-RUNNERS = {"sudo", "doas", "command", "exec", "time", "nice", "nohup", "xargs"}
+# commands that run the command after them: {name: (their options that take the next word as a value, how many
+# plain words come before the command: timeout's duration, taskset's CPU mask)}
+RUNNERS = {
+    "sudo": ({"-u", "-g", "-C", "-D", "-h", "-p", "-r", "-t", "-U", "-T", "--user", "--group", "--chdir", "--prompt",
+              "--role", "--type", "--other-user", "--host", "--close-from", "--command-timeout"}, 0),
+    "doas": ({"-u", "-C"}, 0), "env": ({"-u", "--unset", "-C", "--chdir"}, 0), "nice": ({"-n", "--adjustment"}, 0),
+    "timeout": ({"-s", "--signal", "-k", "--kill-after"}, 1), "stdbuf": ({"-i", "-o", "-e"}, 0),
+    "ionice": ({"-c", "-n", "--class", "--classdata"}, 0), "taskset": (set(), 1), "time": ({"-f", "-o"}, 0),
+    "watch": ({"-n", "--interval"}, 0), "xargs": ({"-I", "-n", "-P", "-d", "-L", "-s", "-E", "-a"}, 0),
+    "command": (set(), 0), "exec": ({"-a"}, 0), "nohup": (set(), 0), "setsid": (set(), 0),
+}
+# git commands that print a file's content (git diff .env, git show HEAD:.env, git log -p -- .env), and the
+# flags that make them print names or counts instead (unless a patch is asked for too)
+_NAMES_ONLY = {"--stat", "--numstat", "--shortstat", "--name-only", "--name-status", "--summary", "--dirstat",
+               "--quiet", "--no-patch", "-s"}
+GIT_PRINTS = {"diff": _NAMES_ONLY, "show": _NAMES_ONLY, "format-patch": _NAMES_ONLY, "log": set(),
+              "whatchanged": set(), "blame": set(), "annotate": set(), "cat-file": {"-t", "-s", "-e"},
+              "grep": {"-q", "--quiet", "-l", "-L", "-c", "--count", "--name-only", "--files-with-matches",
+                       "--files-without-match"}}
+GIT_PATCH = re.compile(r"^(-p|-u|--patch(-with-stat|-with-raw)?|-U\d*|--unified(=.*)?)$")
+GIT_OWN_VALUE_OPTS = {"-C", "-c", "--git-dir", "--work-tree", "--namespace"}
 CLOUD_TOKEN_VERBS = {"gcloud": {"print-access-token", "print-identity-token", "print-refresh-token", "config-helper"},
                      "az": {"get-access-token"}}
 DOTENV_LITERAL = re.compile(r"""['"]([^'"\s]*)['"]""")
@@ -858,13 +988,59 @@ def _read_files(exe: str, args: list[str]) -> list[str]:
     return out + plain if exe not in ("curl", "wget") else out
 
 
+def unwrap(words: list[str]) -> list[str]:
+    """The command a simple command runs: its leading ``{``, VAR=value words and runners stripped
+    (sudo -u root, doas, env -i VAR=1, nice -n 5, timeout 5, stdbuf -oL, xargs, ...: each with its
+    options, their values, its VAR=value words and its plain words before the command); a runner
+    with no command after it is the command (``env`` alone prints the environment)."""
+    i = 0
+    while i < len(words) and (words[i] == "{" or ENV_ASSIGN.match(words[i])):
+        i += 1
+    words = words[i:]
+    while words:
+        spec = RUNNERS.get(os.path.basename(words[0]))
+        if spec is None:
+            break
+        takes, plain = spec
+        i = 1
+        while i < len(words) and words[i].startswith("-") and words[i] != "-":
+            if words[i] == "--":
+                i += 1
+                break
+            i += 2 if words[i] in takes else 1
+        while i < len(words) and ENV_ASSIGN.match(words[i]):  # sudo VAR=1 CMD, env VAR=1 CMD
+            i += 1
+        i += plain
+        if i >= len(words):
+            break
+        words = words[i:]
+    return words
+
+
+def _git_shown(args: list[str]) -> list[str]:
+    """The paths whose content this git command prints (git diff .env, git show HEAD:.env, git log -p
+    -- .env, git blame .env, git cat-file -p HEAD:.env, git grep KEY -- .env); [] when it prints only
+    names or counts (--stat, --name-only, -q), or is no command that prints a file."""
+    i = 0
+    while i < len(args) and args[i].startswith("-"):  # git -C DIR --no-pager diff ...
+        i += 2 if args[i] in GIT_OWN_VALUE_OPTS else 1
+    if i >= len(args) or args[i] not in GIT_PRINTS:
+        return []
+    verb, rest = args[i], args[i + 1:]
+    patch = any(GIT_PATCH.match(a) for a in rest)
+    if not patch and (verb in ("log", "whatchanged") or any(a.partition("=")[0] in GIT_PRINTS[verb] for a in rest)):
+        return []  # git log .env lists commits; git diff --stat .env counts lines
+    plain = [a for a in rest if not a.startswith("-")]
+    if verb == "grep" and not any(a.startswith(("-e", "-f")) for a in rest):
+        plain = plain[1:]  # the pattern
+    return [a.partition(":")[2] if ":" in a else a for a in plain]
+
+
 def _secret_read(words: list[str]) -> Optional[str]:
     """The deny reason when this simple command prints or copies a dotenv file, a cloud key's file
-    (``$GOOGLE_APPLICATION_CREDENTIALS``), or asks a cloud CLI for a live token; else None."""
-    while words and os.path.basename(words[0]) in RUNNERS:
-        words = words[1:]
-        while words and words[0].startswith("-"):
-            words = words[1:]
+    (``$GOOGLE_APPLICATION_CREDENTIALS``), or asks a cloud CLI for a live token, also through a runner
+    (sudo -u root cat .env) and git (git diff .env); else None."""
+    words = unwrap(words)
     if not words:
         return None
     exe, args = os.path.basename(words[0]), words[1:]
@@ -874,7 +1050,9 @@ def _secret_read(words: list[str]) -> Optional[str]:
         return (f"{exe} {verb} prints a live access token into the transcript: do not; if a call fails with 401, "
                 "tell the user the login is missing or expired.")
     files: list[str] = []
-    if exe in READERS or exe in COPIERS or exe in ("curl", "wget"):
+    if exe == "git":
+        files = _git_shown(args)
+    elif exe in READERS or exe in COPIERS or exe in ("curl", "wget"):
         if exe == "sed" and any(a.startswith(("-i", "--in-place")) for a in args):
             return None  # edits it in place: nothing is printed
         if exe in ("grep", "egrep", "fgrep", "rg") and any(a in ("-q", "--quiet", "--silent") or
@@ -892,7 +1070,7 @@ def _secret_read(words: list[str]) -> Optional[str]:
                     "if a push or download fails with 401, tell the user the token is missing or revoked.")
     for f in files:
         if is_dotenv(f):
-            source = shlex.quote(f if "/" in f else "./" + f)  # . FILE without a / searches PATH first
+            source = _source_word(f if "/" in f else "./" + f)  # . FILE without a / searches PATH first
             return (f"{f} is a dotenv file: it holds someone's credentials: do not read or copy it (to pass it to "
                     f"a program: set -a && . {source} && set +a && COMMAND, or docker's --env-file); if a push or "
                     "download fails with 401, tell the user the token is missing or revoked.")
@@ -902,11 +1080,21 @@ def _secret_read(words: list[str]) -> Optional[str]:
     return None
 
 
+HOME_FORMS = ("~/", "$HOME/", "${HOME}/")
+
+
+def _source_word(path: str) -> str:
+    """``path`` as a shell word that names the same file: quoted, but its leading ~/ or $HOME/ left bare
+    (quoted, they would not expand)."""
+    home = next((h for h in HOME_FORMS if path.startswith(h)), "")
+    return home + shlex.quote(path[len(home):]) if home and len(path) > len(home) else shlex.quote(path)
+
+
 def rule_no_credential_hunting(call: Call) -> Optional[str]:
     if call.tool != "Bash":
         return None
     text = call.command
-    home = os.path.expanduser("~")
+    home = call.env.get("HOME") or os.path.expanduser("~")
     for cred in CREDENTIALS:
         tail = cred[2:]
         for form in (cred, "$HOME/" + tail, "${HOME}/" + tail, home + "/" + tail):
@@ -915,14 +1103,23 @@ def rule_no_credential_hunting(call: Call) -> Optional[str]:
                              "push or download fails with 401, tell the user the token is missing or revoked.", None)
     if re.search(r"\bgit\s+credential(-\w+)?\s+(fill|get)\b", text):
         return _deny("no_credential_hunting", "git credential fill prints stored secrets: tell the user instead.", None)
-    parts = _parts(call) or []
+    secret = _secret_in(_parts(call) or [])
+    if secret is None and _nesting(text):  # bash -c 'cat .env', bash -c 'echo $HF_TOKEN', eval 'cat .env'
+        secret = _secret_inside(_items(call), 0)
+    return _deny("no_credential_hunting", secret, None) if secret else None
+
+
+def _secret_in(parts: list[tuple[list[str], str]]) -> Optional[str]:
+    """The deny reason when a simple command of this chain (``simple_commands``' shape) reads a secret
+    file (_secret_read) or prints a secret variable (echo $HF_TOKEN, printenv GITHUB_TOKEN, env | grep
+    -i token), also through a runner (sudo, env, nice, timeout); else None."""
     for i, (words, op) in enumerate(parts):
-        _, words = _split_env(words)
+        words = unwrap(words)
         if not words:
             continue
         secret = _secret_read(words)
         if secret:
-            return _deny("no_credential_hunting", secret, None)
+            return secret
         exe = os.path.basename(words[0])
         shown = []
         if exe in ("echo", "printf"):
@@ -932,29 +1129,24 @@ def rule_no_credential_hunting(call: Call) -> Optional[str]:
                                   and SECRET_VAR.search(" ".join(parts[i + 1][0])) else [])
         elif exe in ("env", "set", "export") and len(words) == 1 and op in ("|", "|&") and i + 1 < len(parts):
             shown = ["*"] if SECRET_VAR.search(" ".join(parts[i + 1][0])) else []
-        secret = [v for v in shown if v == "*" or SECRET_VAR.search(v)]
-        if secret:
-            return _deny("no_credential_hunting", "Printing secret variables puts them in the transcript: tell "
-                         "the user what is missing instead.", None)
-    secret = _secret_inside(_items(call), 0) if _nesting(text) else None  # bash -c 'cat .env'
-    return _deny("no_credential_hunting", secret, None) if secret else None
+        if any(v == "*" or SECRET_VAR.search(v) for v in shown):
+            return "Printing secret variables puts them in the transcript: tell the user what is missing instead."
+    return None
 
 
 def _secret_inside(items: Optional[list], depth: int) -> Optional[str]:
-    """_secret_read of the simple commands inside the shells' -c strings of ``items``, to MAX_NEST levels."""
+    """_secret_in of the simple commands inside the shells' -c strings (and eval's) of ``items``, to
+    MAX_NEST levels."""
     for pairs, _ in items or []:
         sc = _shell_c(pairs) if pairs and depth < MAX_NEST else None
         if sc is None:
             continue
         try:
-            sub = _raw_items(pairs[sc[1]][1])
+            sub = _raw_items(c_string(pairs, sc))
         except ValueError:  # an unclosed quote: the shell runs nothing
             continue
-        for inner, _ in sub:
-            secret = _secret_read(_split_env([w for _, w in inner])[1]) if inner else None
-            if secret:
-                return secret
-        secret = _secret_inside(sub, depth + 1)
+        secret = _secret_in([([w for _, w in inner], op) for inner, op in sub if inner]) or \
+            _secret_inside(sub, depth + 1)
         if secret:
             return secret
     return None
@@ -963,23 +1155,163 @@ def _secret_inside(items: Optional[list], depth: int) -> Optional[str]:
 V4_ARGS = re.compile(r"\b(evaluation_strategy|overwrite_output_dir)\s*=")
 
 
-def transformers_major() -> Optional[int]:
-    from importlib import metadata
+# ----------------------------------------------------------------------------- the project's transformers
+# The version that matters is the one the user's training imports, not the one of the interpreter that
+# runs this hook (hooks.json runs the python3 on PATH, often a bare one): found by reading folders,
+# never by running a Python or importing transformers (a hook is a hot path).
+VENV_DIRS = (".venv", "venv")
+DIST_INFO = re.compile(r"^transformers-(\d[^-]*?)(?:-py\d.*)?\.(?:dist|egg)-info$", re.I)
+VERSION_DIR = re.compile(r"^python(\d+\.\d+)$")
+
+
+def _transformers_in(site: Path) -> Optional[str]:
+    """The version of the transformers installed in the site-packages folder ``site`` (its
+    ``transformers-VERSION.dist-info``, or .egg-info), the highest if there are several; None when none."""
     try:
-        return int(metadata.version("transformers").split(".")[0])
-    except (metadata.PackageNotFoundError, ValueError):
+        names = os.listdir(site)
+    except OSError:
         return None
+    found = [m[1] for m in map(DIST_INFO.match, names) if m]
+    return max(found, key=lambda v: [int(x) if x.isdigit() else -1 for x in re.split(r"[.+-]", v)]) if found else None
+
+
+def _venv_sites(venv: Path, home: str) -> list[Path]:
+    """A virtual environment's site-packages, then its base Python's when its pyvenv.cfg includes them."""
+    sites = sorted(venv.glob("lib/python3*/site-packages")) + [venv / "Lib" / "site-packages"]
+    try:
+        cfg = dict(ln.partition("=")[::2] for ln in (venv / "pyvenv.cfg").read_text(errors="replace").splitlines())
+    except OSError:
+        cfg = {}
+    cfg = {k.strip().lower(): v.strip() for k, v in cfg.items()}
+    if cfg.get("include-system-site-packages", "").lower() == "true" and cfg.get("home"):
+        sites += _prefix_sites(Path(cfg["home"]).parent, "", home) or []
+    return sites
+
+
+def _prefix_sites(prefix: Path, exe_name: str, home: str) -> Optional[list[Path]]:
+    """The site-packages of the Python installed under ``prefix`` (/usr, /opt/conda, ~/.pyenv/versions/3.11.7),
+    in its sys.path's order: the user's ~/.local, then Debian's local and system folders, then the
+    prefix's own; the version from ``exe_name`` (python3.11) when it names one. None when no Python is
+    installed there (no lib/pythonX.Y)."""
+    m = VERSION_DIR.match(exe_name)
+    try:
+        versions = [m[1]] if m else sorted((VERSION_DIR.match(d)[1] for d in os.listdir(prefix / "lib")
+                                            if VERSION_DIR.match(d)), reverse=True)
+    except OSError:
+        return None
+    if not versions or not any((prefix / "lib" / f"python{v}").is_dir() for v in versions):
+        return None
+    sites = []
+    for v in versions:
+        sites += [Path(home) / ".local" / "lib" / f"python{v}" / "site-packages",
+                  prefix / "local" / "lib" / f"python{v}" / "dist-packages",
+                  prefix / "lib" / f"python{v}" / "site-packages", prefix / "lib" / f"python{v}" / "dist-packages"]
+    return sites + [prefix / "lib" / "python3" / "dist-packages"]
+
+
+def _pyenv_version(root: Path, cwd: Path, env: dict) -> str:
+    """The version a pyenv shim runs: $PYENV_VERSION, else the nearest .python-version, else root/version."""
+    if env.get("PYENV_VERSION"):
+        return env["PYENV_VERSION"].split(":")[0]
+    for d in (cwd, *cwd.parents, root):
+        f = d / (".python-version" if d != root else "version")
+        try:
+            words = f.read_text(errors="replace").split()
+        except OSError:
+            continue
+        return words[0] if words else ""
+    return ""
+
+
+def _interpreter_sites(exe: Path, cwd: Path, env: dict, home: str) -> Optional[list[Path]]:
+    """The site-packages of the Python at ``exe`` (found on PATH), read from the folders around it,
+    without running it: a venv's (its pyvenv.cfg), a pyenv shim's version's, or its prefix's; None
+    when it is none of these (then the next one on PATH is read)."""
+    if (exe.parent.parent / "pyvenv.cfg").is_file():  # .venv/bin/python: a link out of the venv, not followed
+        return _venv_sites(exe.parent.parent, home)
+    if exe.parent.name == "shims" and (exe.parent.parent / "versions").is_dir():
+        version = _pyenv_version(exe.parent.parent, cwd, env)
+        target = exe.parent.parent / "versions" / version / "bin" / exe.name
+        return _interpreter_sites(target, cwd, env, home) if version and version != "system" else None
+    try:
+        real = exe.resolve()
+    except (OSError, RuntimeError):
+        return None
+    if (real.parent.parent / "pyvenv.cfg").is_file():
+        return _venv_sites(real.parent.parent, home)
+    return _prefix_sites(real.parent.parent, real.name, home)
+
+
+def project_python(cwd: str, env: dict) -> Optional[tuple[str, list[Path]]]:
+    """The Python the user's training runs, found without running one, and its site-packages folders:
+    the .venv or venv of ``cwd`` or a folder above it, else $VIRTUAL_ENV, else $CONDA_PREFIX, else the
+    first python3 or python on PATH (a venv, a pyenv shim's version, a prefix); None when there is none."""
+    home = env.get("HOME") or os.path.expanduser("~")
+    here = Path(os.path.abspath(os.path.expanduser(cwd or ".")))
+    for d in (here, *here.parents):
+        for name in VENV_DIRS:
+            if (d / name / "pyvenv.cfg").is_file():
+                return str(d / name), _venv_sites(d / name, home)
+    for var in ("VIRTUAL_ENV", "CONDA_PREFIX"):
+        prefix = Path(env.get(var) or "")
+        if env.get(var) and prefix.is_absolute():
+            sites = _venv_sites(prefix, home) if (prefix / "pyvenv.cfg").is_file() else _prefix_sites(prefix, "", home)
+            if sites:
+                return str(prefix), sites
+    for d in env.get("PATH", "").split(os.pathsep):
+        if not d:
+            continue
+        for name in ("python3", "python"):
+            exe = Path(d if os.path.isabs(d) else here / d) / name
+            if exe.is_file() and os.access(exe, os.X_OK):
+                sites = _interpreter_sites(exe, here, env, home)
+                if sites is not None:
+                    return str(exe), sites
+    return None
+
+
+def installed_transformers(cwd: str, env: dict) -> tuple[Optional[str], str]:
+    """(the transformers version the project's Python has, or None when it has none; that Python, in
+    words). Read from project_python's site-packages; only when no project Python is found at all,
+    from this hook's own interpreter's metadata."""
+    found = project_python(cwd, env)
+    if found is None:
+        from importlib import metadata  # the rare path: no Python of the user's found
+        try:
+            return metadata.version("transformers"), f"{sys.executable} (no other Python found)"
+        except (metadata.PackageNotFoundError, ValueError):
+            return None, f"{sys.executable} (no other Python found)"
+    where, sites = found
+    return next((v for v in map(_transformers_in, sites) if v), None), where
+
+
+def _major(version: Optional[str]) -> Optional[int]:
+    m = re.match(r"\d+", version or "")
+    return int(m[0]) if m else None
 
 
 def rule_v5_arguments(call: Call) -> Optional[str]:
+    """evaluation_strategy= and overwrite_output_dir= in a .py file, refused when the project's Python has
+    transformers v5 or later (they raise TypeError there). With v4 they are fine, and when no
+    transformers is found for the project the version is unknown: allowed (a v4 user must not be
+    blocked; v5 fails loudly at the first TrainingArguments, before any GPU time), and said on stderr."""
     if call.tool not in ("Write", "Edit", "MultiEdit") or not call.path.endswith(".py"):
         return None
     found = sorted(set(V4_ARGS.findall(call.content)))
-    if not found or (transformers_major() or 0) < 5:
+    if not found:
         return None
-    return _deny("v5_arguments", f"{', '.join(found)} were removed in transformers v5 (installed here): "
-                 "TrainingArguments raises TypeError.", "write eval_strategy= instead of evaluation_strategy=, "
-                 "and drop overwrite_output_dir=")
+    version, where = installed_transformers(call.cwd, call.env)
+    major = _major(version)
+    if major is None:
+        call.memo.setdefault("notes", []).append(
+            f"supervise guard: v5_arguments allowed {', '.join(found)} in {call.path}: no transformers is installed "
+            f"for {where}, so its version is unknown (v4 keeps them; v5 raises TypeError)")
+        return None
+    if major < 5:
+        return None
+    return _deny("v5_arguments", f"{', '.join(found)} were removed in transformers v5 ({version} is installed for "
+                 f"{where}): TrainingArguments raises TypeError.", "write eval_strategy= instead of "
+                 "evaluation_strategy=, and drop overwrite_output_dir=")
 
 
 # notified before the environment rules: a detached launch's fix is the launcher line, which
@@ -1007,7 +1339,9 @@ def decide(call: Call) -> Optional[str]:
     decided on its first MAX_COMMAND characters: a deny then says so and offers no corrected
     command (it would be cut too)."""
     off = {r.strip() for r in call.env.get("SUPERVISE_GUARD_OFF", "").split(",")}
+    asked = call
     call = truncate(call)
+    call.memo["notes"] = asked.memo.setdefault("notes", [])  # what a rule says on stderr when it allows
     for name, rule in RULES.items():
         if name not in off:
             reason = rule(call)
@@ -1038,6 +1372,8 @@ def main(stdin=None, stdout=None, env=None) -> int:
         if reason is None and len(call.command) > MAX_COMMAND:
             print(f"supervise guard: allowed after reading the first {MAX_COMMAND >> 10} KiB of a "
                   f"{len(call.command) / 1024:,.0f} KiB command", file=sys.stderr)
+        for note in call.memo.get("notes", []) if reason is None else []:
+            print(note, file=sys.stderr)
     except Exception as e:  # decide on purpose, never by crashing: allow, and say so
         print(f"supervise guard: allowed without a check ({type(e).__name__}: {str(e)[:120]})", file=sys.stderr)
         return 0
