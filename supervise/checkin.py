@@ -222,7 +222,7 @@ def gather(run_dir: Path, k: int = 5, now: Optional[float] = None, gpu=None) -> 
         "next": _whole(run_dir, nxt), "next_notes": next_notes,
         "launches": 1 + len((obs.launch or {}).get("earlier") or []) if obs.launch else None,
         "wakes": len((obs.launch or {}).get("on_exit") or []) if obs.launch else None,
-        "ranks": rank_lines(obs.ranks, now, obs.rank_procs) if len(obs.ranks) > 1 else [],
+        "ranks": rank_lines(obs.ranks, now, obs.rank_procs, where=obs.rank_where) if len(obs.ranks) > 1 else [],
         "slurm": None if obs.slurm is None else (obs.slurm.error or f"job {obs.slurm.job_id} {obs.slurm.state}"
                                                  + (f" on {obs.slurm.nodes}" if obs.slurm.nodes else "")),
         "gpu": list(obs.gpu_lines),

@@ -39,7 +39,9 @@ START_FIELDS = {"event": TEXT, "t": NUMBER, "pid": INTEGER, "total_steps": INTEG
                 "rank": INTEGER, "cwd": TEXT, "time": NUMBER,
                 # v0.3, optional: how the run continues and was launched (lists and objects are
                 # checked by sanitize): resume, resume_env, checkpoint_dir, flags, launcher, slurm
-                "slurm_job_id": TEXT}
+                "slurm_job_id": TEXT,
+                # v0.4, optional: which processes may probe this pid (the writer's PID namespace, its boot)
+                "pid_ns": INTEGER, "boot_id": TEXT}
 START_REQUIRED = ("event", "t")
 STEP_FIELDS = {"step": INTEGER, "t": NUMBER, "loss": NUMBER, "lr": NUMBER,
                "grad_norm": NUMBER, "sps": NUMBER}
@@ -53,7 +55,7 @@ SHAPES = {"start": START_FIELDS, "step": STEP_FIELDS, "eval": EVAL_FIELDS, "fata
 MAY_BE_NONFINITE = {"loss", "grad_norm", "lr", "sps"}
 # Integer fields of a start record that must be positive to mean anything.
 START_COUNTS = ("pid", "total_steps", "num_labels", "world_size", "batch_size", "attempt",
-                "vocab_size")
+                "vocab_size", "pid_ns")
 
 
 def is_eval(rec: dict) -> bool:
@@ -232,7 +234,7 @@ def sanitize(rec: dict, kind: str | None = "?") -> dict | None:
             if name in out:
                 n = _count(out[name])
                 out[name] = n if n else None
-        for name in ("run_id", "task", "cwd"):
+        for name in ("run_id", "task", "cwd", "boot_id"):
             if name in out and not isinstance(out[name], str):
                 out[name] = None if out[name] is None else str(out[name])
         for name in ("argv", "resume", "launcher"):

@@ -6,15 +6,16 @@
 
 ``assess(run_dir)`` is one look (check-in, smoke, plot): the same observer and judge, once.
 The run's processes are found by themselves: ``--pid``, the launcher's record
-(``RUN_DIR/launch.json``), the start record's pid when it names this host, and every process
-whose stdout/stderr is ``RUN_DIR/train.log`` (roots, and their children). What cannot be seen
-from this host is left out, and ``Observation.visibility`` says why. Standard library only.
+(``RUN_DIR/launch.json``), the start record's pid when it is this watchdog's to probe (the same
+host, and the same PID namespace and boot where the record names them: ``probes.locality``), and
+every process whose stdout/stderr is ``RUN_DIR/train.log`` (roots, and their children). What
+cannot be seen from here is left out, and ``Observation.visibility`` says why; a rank whose pid is
+not ours is in ``Observation.rank_where`` and is judged by its heartbeats. Standard library only.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
-import socket
 import time
 from pathlib import Path
 from typing import Optional
@@ -25,11 +26,12 @@ from .contract import TailReader, is_count, is_finite, read_json, why_unreadable
 from .judge import KINDS, RECORD_RULES, judge
 from .logs import cgroup_dir, kernel_oom_lines, killed_reason, last_error, log_tail, oom_kills, oom_line, root_cause
 from .observation import Observation, Proc, Records, WatchdogSeen, frozen
-from .probes import Nvml, ProcessWatch, born_after, cpu_seconds, disk_free, log_writers, process, same_process, same_start
-from .ranks import RankFiles, local_pids
+from .probes import Nvml, ProcessWatch, born_after, cpu_seconds, disk_free, here, locality, log_writers, process, \
+    same_process, same_start, where_text
+from .ranks import RankFiles, local_pids, rank_where
 from .rules import RecordRules
 from .scan import Scan
-from .state import WatchState, on_this_host, read_launch
+from .state import WatchState, read_launch, where_launched
 from .thresholds import Thresholds
 from .volumes import VolumeWatch, explained_bytes
 from .vocabulary import GONE, LAUNCH, LOG, METRICS, SENTINEL, WATCHDOG_STATE
@@ -70,7 +72,8 @@ class Observer:
         self.gpu = gpu
         self.clock = clock
         self.one_shot = one_shot
-        self.host = socket.gethostname()
+        self.me = here()                 # host, PID namespace, boot: which recorded pids are ours to probe
+        self.host = self.me.host
         self.watch_started = clock()
         self.polls = 0
         self.procs = ProcessWatch()
@@ -138,22 +141,31 @@ class Observer:
         why none is."""
         for pid in self.explicit_pids:
             self.known.setdefault(pid, "--pid")
-        if launch is not None and launch.get("pid") and on_this_host(launch) and self._launch_is_current(launch):
+        launched = launch is not None and launch.get("pid") and self._launch_is_current(launch)
+        launch_away = where_launched(launch) if launched else ""
+        if launched and not launch_away:
             self.known.setdefault(int(launch["pid"]), "launch record")
-        pid, host = start.get("pid"), start.get("host")
-        remote = isinstance(host, str) and host and host != self.host
-        if pid and not remote:
+        pid, away = start.get("pid"), self._start_away(start)
+        if pid and not away:
             self.known.setdefault(pid, "start record")
         if not self.explicit_pids:
             self._scan()
         if self.known:
             return ""
-        if remote:
-            return f"the start record's pid {pid} runs on host {host}, this is {self.host}"
+        if away:
+            return f"the start record's pid {pid} runs {away}"
+        if launch_away:
+            return f"launch.json's pid {launch['pid']} runs {launch_away}"
         if not self.log.exists():
             return f"nothing writes {self.log.name} and no --pid was given"
         return (f"no process writes {self.log} and the start record names none"
                 if not pid else f"no process writes {self.log}")
+
+    def _start_away(self, start: dict) -> str:
+        """'' when the start record's pid is this watchdog's to probe, else where it runs, in words."""
+        host, ns, boot = start.get("host"), start.get("pid_ns"), start.get("boot_id")
+        code = locality(host, ns, boot, self.me)
+        return where_text(code, host, ns, boot, self.me) if code else ""
 
     def _scan(self) -> None:
         """The train.log writers: roots are run processes, their children are watched too (a
@@ -213,7 +225,8 @@ class Observer:
         start_t = start.get("time")
         if not is_finite(start_t):
             return None
-        newer = [p for p in procs if not p.child and p.pid != start.get("pid") and p.seen_alive
+        start_pid = start.get("pid") if not self._start_away(start) else None   # another namespace's: not a pid of ours
+        newer = [p for p in procs if not p.child and p.pid != start_pid and p.seen_alive
                  and p.create_time and p.create_time > start_t + 1]
         if launch is not None and is_finite(launch.get("launched_at")) and launch["launched_at"] > start_t + 1:
             newer += [p for p in procs if p.pid == launch["pid"] and p not in newer]
@@ -422,7 +435,8 @@ class Observer:
         if self.from_now and is_finite(heard):
             heard = max(heard, self.watch_started)
         ranks = self.rank_files.poll(since=heard) if relaunch is None and not submitted else {}
-        rank_procs = {pid: self.procs.read(pid).state for pid in local_pids(ranks)}
+        away = rank_where(ranks, self.me)      # ranks of another host, PID namespace or boot: judged by their heartbeats
+        rank_procs = {pid: self.procs.read(pid).state for pid in local_pids(ranks, self.me)}
         stall_after, stall_why = self.run.stall.limit()
         util, idle_for, gpu_lines = self._gpu(now, bool(alive), tuple(self.known))
         limit, limit_why = self._time_limit(start, launch)
@@ -447,7 +461,7 @@ class Observer:
             stall_soonest=self.run.stall.soonest(),
             sentinel=frozen(sentinel) if sentinel is not None else None, sentinel_name=self.sentinel.name,
             sentinel_mtime=sentinel_mtime, log_tail=lines, log_mtime=log_mtime, root_cause=cause, killed=killed,
-            ranks=ranks, rank_procs=rank_procs, slurm=job, slurm_waiting=waiting, gpu_util=util,
+            ranks=ranks, rank_procs=rank_procs, rank_where=frozen(away), slurm=job, slurm_waiting=waiting, gpu_util=util,
             gpu_idle_for=idle_for, gpu_lines=gpu_lines, disk=disk, resume=resume, resume_skipped=tuple(skipped),
             volume_free=disk_free(str(self.run_dir)), volumes=volumes, last_error=(oom_line(lines) or last_error(lines)) if lines else None,
             blind=self.reader.error or why_unreadable(self.log), hold_for=hold,

@@ -11,7 +11,9 @@ alarm whose fix is a relaunch, and reported instead when the last relaunches mad
 
 Semantics, stated once (references/contract.md repeats them):
 - A process that cannot be seen from this host (none found, or a start record naming another
-  host) is not dead: the run is judged by its records and heartbeats. Fresh records are a
+  host, or this host in another PID namespace or boot: a sidecar container's watchdog) is not
+  dead: the run is judged by its records and heartbeats, and so is a rank whose heartbeat names
+  another host, PID namespace or boot (``Observation.rank_where``). Fresh records are a
   running run, silence past the stall limit a ``stall``. ``dead`` needs a process seen alive
   (by this watchdog, or by its own start or launch record on this host) and then gone, or the
   scheduler saying so.
@@ -186,7 +188,7 @@ def rule_dead(obs, th):
     fix = ("The trainer exited without writing its sentinel: read the end of train.log through "
            "checkin.py, then relaunch from the last checkpoint")
     if obs.ranks and died(obs, th):
-        found = rk.rank_dead(obs.ranks, obs.rank_procs, obs.root_cause)
+        found = rk.rank_dead(obs.ranks, obs.rank_procs, obs.root_cause, where=obs.rank_where)
         if found is not None:
             return found
     if died(obs, th):
@@ -210,7 +212,7 @@ def rule_dead(obs, th):
 def rule_rank_hang(obs, th):
     if len(obs.ranks) < 2 or died(obs, th):
         return None  # one process: the stall rule names a stopped pid
-    return rk.rank_hang(obs.ranks, obs.now, obs.rank_procs, stall_s=obs.stall_after)
+    return rk.rank_hang(obs.ranks, obs.now, obs.rank_procs, stall_s=obs.stall_after, where=obs.rank_where)
 
 
 def rule_rank_fatal(obs, th):
@@ -255,10 +257,12 @@ def rule_stall(obs, th):
     if age <= obs.stall_after:
         return None
     live = obs.alive
+    unseen = f": {obs.visibility}" if obs.visibility else ""
     where = (f"The process lives but writes nothing: py-spy dump --pid {live[0].pid} shows where it hangs "
              "(a dataloader worker, a collective, a lock); kill it and relaunch") if live else (
-             "Nothing writes the metrics any more and no process of the run is visible from here: check the "
-             "trainer where it runs (its host, the scheduler), then kill and relaunch it if it hangs")
+             f"Nothing writes the metrics any more and no process of the run is visible from here{unseen}; "
+             "judged by its records, it died or hangs where it runs: check the trainer there (its host, its "
+             "container, the scheduler), then kill and relaunch it if it hangs")
     return anomaly("stall", f"metrics age = {secs(age)} > {secs(obs.stall_after)}{obs.stall_why}",
                    obs.records.last_step, where)
 

@@ -50,7 +50,7 @@ from typing import Optional
 from . import registry, stacks as st
 from .cli import CommandParser, UsageError, duration, front_door, run_dir_arg
 from .contract import atomic_write_json, is_number, why_unreadable, why_unwritable
-from .probes import log_writers, process
+from .probes import here_fields, log_writers, process
 from .recovery import watchdog_line
 from .state import launch_alive, read_launch, update_launch
 from .vocabulary import ENV, EXIT_OK, LAUNCH, LOG, ON_EXIT_LOG
@@ -216,7 +216,7 @@ def launch(run_dir, argv: list[str], *, window_s: Optional[float] = None, sessio
             pgid, sid = os.getpgid(child.pid), os.getsid(child.pid)
         except OSError:  # it already ended: its own session all the same (setsid ran before exec)
             pgid = sid = child.pid
-        rec = {"pid": child.pid, "pgid": pgid, "sid": sid, "host": socket.gethostname(),
+        rec = {"pid": child.pid, "pgid": pgid, "sid": sid, "host": socket.gethostname(), **here_fields(),
                "create_time": info.create_time, "launched_at": time.time(), "argv": list(argv), "cwd": str(cwd),
                "window_s": window_s, "session_id": session_id, "log": str(run / LOG), "run_dir": str(run),
                "env": extra_env or None, "replaced": replaced or None,

@@ -20,9 +20,10 @@ EMPTY: Mapping = MappingProxyType({})
 class Proc:
     """One process of the run as seen this poll.
 
-    ``seen_alive``: this watchdog saw it alive, or a start/launch record written on this host
-    says it ran here: only such a process can be *dead*. A process that cannot be seen from this
-    host is not listed at all (``Observation.visibility`` says why)."""
+    ``seen_alive``: this watchdog saw it alive, or a start/launch record written on this host (in
+    this PID namespace and boot, where the record names them) says it ran here: only such a
+    process can be *dead*. A process that cannot be seen from here (another host, another PID
+    namespace: a sidecar container) is not listed at all (``Observation.visibility`` says why)."""
 
     pid: int
     state: str                       # running|sleeping|stopped|zombie|dead|gone|alive
@@ -125,6 +126,8 @@ class Observation:
     killed: Any = None               # logs.Killed: whether the root cause's SIGKILL was the OOM killer's
     ranks: Mapping = field(default_factory=lambda: EMPTY)           # rank -> ranks.RankState
     rank_procs: Mapping = field(default_factory=lambda: EMPTY)      # pid -> state of the local ranks' processes
+    rank_where: Mapping = field(default_factory=lambda: EMPTY)      # rank -> why its pid is not probed here (probes.locality:
+                                                                    # "host", "pid_ns", "boot"); judged by its heartbeats
     slurm: Any = None                # slurm.SlurmJob, with --slurm-job
     slurm_waiting: bool = False      # the job is queued or requeued: no process is expected
     gpu_util: Optional[float] = None # max utilization of the run's GPUs, %; None: no GPU reading

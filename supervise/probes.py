@@ -215,6 +215,92 @@ class ProcessWatch:
         return info
 
 
+@dataclass(frozen=True)
+class Here:
+    """Where this process's probes look: its host name, its PID namespace (the inode of
+    /proc/self/ns/pid, as ``ls -l`` shows it: ``pid:[4026531836]``) and the kernel's boot
+    (/proc/sys/kernel/random/boot_id). A pid means this machine's process only where all three
+    are the recorder's: a sidecar container or ``unshare --pid`` shares the host name but not the
+    pids, and a host that rebooted (or another machine with the same name) shares neither.
+    ``pid_ns`` and ``boot_id`` are None where /proc does not have them (macOS). ``proc_own``:
+    this process's /proc is its own namespace's (/proc/self names its pid); after ``unshare
+    --pid`` without ``--mount-proc`` it is the parent namespace's, and no pid of this namespace
+    can be read there."""
+
+    host: str
+    pid_ns: Optional[int] = None
+    boot_id: Optional[str] = None
+    proc_own: bool = True
+
+
+_HERE: list = []
+
+
+def here() -> Here:
+    """This process's ``Here``, read once (none of it changes while a process lives)."""
+    if not _HERE:
+        import socket
+        pid_ns = boot_id = None
+        proc_own = True
+        try:
+            pid_ns = os.stat("/proc/self/ns/pid").st_ino
+            proc_own = os.readlink("/proc/self") == str(os.getpid())
+        except OSError:
+            pass
+        try:
+            with open("/proc/sys/kernel/random/boot_id") as f:
+                boot_id = f.read(100).strip() or None
+        except OSError:
+            pass
+        _HERE.append(Here(socket.gethostname(), pid_ns, boot_id, proc_own))
+    return _HERE[0]
+
+
+def here_fields(me: Optional[Here] = None) -> dict:
+    """``{"pid_ns", "boot_id"}`` of ``me`` (default ``here()``) for a record naming this process's
+    pid (launch.json), each left out where unknown: what ``locality`` compares."""
+    me = me or here()
+    return {k: v for k, v in (("pid_ns", me.pid_ns), ("boot_id", me.boot_id)) if v is not None}
+
+
+ANOTHER_HOST, ANOTHER_BOOT, ANOTHER_PID_NS = "host", "boot", "pid_ns"   # what ``locality`` finds differs
+
+
+def locality(host: Optional[str], pid_ns: Optional[int], boot_id: Optional[str], me: Here) -> str:
+    """'' when a pid recorded with ``host``/``pid_ns``/``boot_id`` (a start record's, a heartbeat's,
+    a launch record's) is a process this watchdog can probe; otherwise what differs:
+    ``ANOTHER_HOST``, ``ANOTHER_BOOT`` (same name, another boot: a reboot, or another machine) or
+    ``ANOTHER_PID_NS`` (same machine, another PID namespace, or a /proc that is not this
+    namespace's: its pids are not the ones probed here). Each identity the record carries must be
+    ours; one it lacks is not compared, so a record of an older writer (a host, no namespace) is
+    judged as before. The values are input, not trusted: a recorded value of the wrong type is not
+    ours. Pure."""
+    if isinstance(host, str) and host and host != me.host:
+        return ANOTHER_HOST
+    if boot_id is not None and boot_id != me.boot_id:
+        return ANOTHER_BOOT
+    if pid_ns is not None and (isinstance(pid_ns, bool) or pid_ns != me.pid_ns or not me.proc_own):
+        return ANOTHER_PID_NS
+    return ""
+
+
+def where_text(code: str, host: Optional[str], pid_ns: Optional[int], boot_id: Optional[str], me: Here) -> str:
+    """``locality``'s ``code`` in words: ``in another PID namespace on vm (pid:[4026532410], here
+    pid:[4026531836])``; '' for a local one."""
+    if code == ANOTHER_HOST:
+        return f"on host {host}, this is {me.host}"
+    if code == ANOTHER_BOOT:
+        return (f"on another boot of {host or me.host} (boot_id {str(boot_id)[:8]}, this is "
+                f"{(me.boot_id or '?')[:8]}): a reboot, or another machine with the same name")
+    if code == ANOTHER_PID_NS:
+        if pid_ns == me.pid_ns and not me.proc_own:
+            return (f"in PID namespace pid:[{pid_ns}] on {host or me.host}, whose pids the /proc here does not "
+                    "show (it is another namespace's: unshare --mount-proc gives this one its own)")
+        return (f"in another PID namespace on {host or me.host} (pid:[{pid_ns}], here "
+                f"pid:[{me.pid_ns if me.pid_ns is not None else '?'}])")
+    return ""
+
+
 @dataclass
 class GpuReading:
     index: int

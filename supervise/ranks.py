@@ -3,28 +3,33 @@ died or straggles (standard library only; the watchdog's hot path).
 
     files = RankFiles(run_dir)                 # keep it: it remembers where each file was read to
     ranks = files.poll()                       # {rank: RankState}, only appended bytes are read
-    procs = {pid: probe(pid) for pid in local_pids(ranks)}   # 'running'|'sleeping'|'stopped'|'gone'|'zombie'
-    found = (rank_fatal(ranks) or rank_dead(ranks, procs)
-             or rank_hang(ranks, now, procs, stall_s=300) or straggler(ranks, now, window_s=300))
-    lines = rank_lines(ranks, now, procs)      # check-in: one line per rank, healthy ones summarized
+    where = rank_where(ranks, here())          # {rank: why its pid is not probed here}: another host, PID namespace, boot
+    procs = {pid: probe(pid) for pid in local_pids(ranks, here())}   # 'running'|'sleeping'|'stopped'|'gone'|'zombie'
+    found = (rank_fatal(ranks) or rank_dead(ranks, procs, where=where)
+             or rank_hang(ranks, now, procs, stall_s=300, where=where) or straggler(ranks, now, window_s=300))
+    lines = rank_lines(ranks, now, procs, where=where)   # check-in: one line per rank, healthy ones summarized
 
-A heartbeat line (contract v0.2) is ``{"rank","local_rank","host","pid","step","t","time","sps"}``;
-a rank's FATAL line ``{"step","t","FATAL","rank","pid"}``. Torn last lines, garbage, missing
+A heartbeat line (contract v0.2) is ``{"rank","local_rank","host","pid","step","t","time","sps"}``
+(v0.4 adds ``"pid_ns"`` and ``"boot_id"`` where /proc has them); a rank's FATAL line
+``{"step","t","FATAL","rank","pid"}``. A rank's pid is probed only where ``probes.locality``
+says it is this watchdog's (same host, PID namespace and boot); any other rank is judged by its
+heartbeats alone, as a remote one is. Torn last lines, garbage, missing
 files and non-regular files are tolerated: a bad line is skipped, a bad file is left out.
 The rules are pure: state + ``now`` + process states + numbers in, ``Anomaly | None`` out.
 """
 from __future__ import annotations
 
 import os
-import socket
 import stat
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Mapping, Optional
 
 from .contract import TailReader, is_count, is_finite
 from .logs import RootCause, oom_line
+from .probes import ANOTHER_BOOT, ANOTHER_HOST, ANOTHER_PID_NS, Here, here, locality
 from .rules import median
 from .vocabulary import GONE, Anomaly, anomaly, secs
 
@@ -32,6 +37,10 @@ MAX_READ = 64 << 10       # bytes read from one rank file per poll (the rest is 
 FIRST_READ = 32 << 10     # bytes read from the end of a rank file the first time it is seen
 MAX_PARTIAL = 64 << 10    # a torn line longer than this is garbage, not a line in progress
 HISTORY = 512             # (time, sps) samples kept per rank
+NOWHERE: Mapping[int, str] = MappingProxyType({})   # no rank is away (rank_where)
+# How a check-in line says why a rank's pid is not probed (rank_where's codes)
+AWAY = {ANOTHER_HOST: "remote", ANOTHER_PID_NS: "in another PID namespace: judged by its records",
+        ANOTHER_BOOT: "another boot of its host: judged by its records"}
 
 
 @dataclass
@@ -44,6 +53,8 @@ class RankState:
     local_rank: Optional[int] = None
     host: str = ""
     pid: Optional[int] = None
+    pid_ns: Optional[int] = None                # the PID namespace its pid belongs to (v0.4), when written
+    boot_id: Optional[str] = None               # the boot it ran in (v0.4), when written
     step: Optional[int] = None
     t: Optional[float] = None
     time: Optional[float] = None
@@ -139,6 +150,10 @@ class RankFiles:
         host = rec.get("host")
         if isinstance(host, str):
             s.host = host[:100]
+        if "FATAL" not in rec:   # a heartbeat says where its pid lives (a FATAL line does not: it keeps the last)
+            ns, boot = rec.get("pid_ns"), rec.get("boot_id")
+            s.pid_ns = int(ns) if is_count(ns) else None
+            s.boot_id = boot[:100] if isinstance(boot, str) else None
         for name in ("pid", "local_rank"):
             v = rec.get(name)
             if is_count(v):
@@ -153,11 +168,31 @@ class RankFiles:
                 s.history.append((s.time, sps))
 
 
-def local_pids(ranks: Mapping[int, RankState], host: Optional[str] = None) -> list[int]:
-    """The pids of the ranks on this machine (``host``, default this hostname): the only ones
-    whose process state can be probed. Remote ranks are judged by their files alone."""
-    me = host or socket.gethostname()
-    return sorted({s.pid for s in ranks.values() if s.pid and (s.host == me or not s.host)})
+def rank_where(ranks: Mapping[int, RankState], me: Optional[Here] = None) -> dict[int, str]:
+    """{rank: why its pid is not this watchdog's to probe} for every such rank: ``probes.locality``
+    of its heartbeat (``ANOTHER_HOST``, ``ANOTHER_BOOT``, ``ANOTHER_PID_NS``) against ``me``
+    (default ``probes.here()``). The ranks left out are local. Such a rank is judged by its
+    heartbeats alone (age, step, sps), never by a process state."""
+    me = me or here()
+    out = {}
+    for r, s in ranks.items():
+        code = locality(s.host, s.pid_ns, s.boot_id, me)
+        if code:
+            out[r] = code
+    return out
+
+
+def local_pids(ranks: Mapping[int, RankState], me: Optional[Here] = None) -> list[int]:
+    """The pids of the ranks whose process this watchdog can probe (``me``, default
+    ``probes.here()``: the same host, PID namespace and boot): the only ones whose process state
+    means anything here. The others are judged by their files alone."""
+    away = rank_where(ranks, me)
+    return sorted({s.pid for r, s in ranks.items() if s.pid and r not in away})
+
+
+def _state(s: RankState, procs: Mapping[int, str], where: Mapping[int, str]) -> Optional[str]:
+    """The process state of rank ``s``: None when its pid is not probed here (``where``), or not read."""
+    return None if s.rank in where else procs.get(s.pid) if s.pid is not None else None
 
 
 def _ranks_text(nums) -> str:
@@ -195,14 +230,15 @@ def rank_fatal(ranks: Mapping[int, RankState]) -> Optional[Anomaly]:
 
 
 def rank_dead(ranks: Mapping[int, RankState], procs: Mapping[int, str],
-              cause: Optional[RootCause] = None) -> Optional[Anomaly]:
+              cause: Optional[RootCause] = None, where: Mapping[int, str] = NOWHERE) -> Optional[Anomaly]:
     """A local rank whose process is gone (or a zombie): ``dead``, naming rank and pid.
     ``procs``: pid -> state of the local ranks' pids (``local_pids``); a pid absent from it is
-    not judged. When several are gone (torchrun terminates the others within a second of the
-    first failure), the rank of ``cause`` (``logs.root_cause`` of train.log) is named first,
-    else the one whose heartbeat stopped first. Call it only while the run has no sentinel
+    not judged, nor is a rank in ``where`` (``rank_where``: its pid is another host's, PID
+    namespace's or boot's, whatever pid of ours has the same number). When several are gone
+    (torchrun terminates the others within a second of the first failure), the rank of ``cause``
+    (``logs.root_cause`` of train.log) is named first, else the one whose heartbeat stopped first. Call it only while the run has no sentinel
     (a finished run's ranks exit)."""
-    bad = [r for r, s in ranks.items() if s.pid in procs and procs[s.pid] in GONE]
+    bad = [r for r, s in ranks.items() if _state(s, procs, where) in GONE]
     if not bad:
         return None
     first = cause.rank if cause is not None else None
@@ -216,18 +252,22 @@ def rank_dead(ranks: Mapping[int, RankState], procs: Mapping[int, str],
 
 
 def rank_hang(ranks: Mapping[int, RankState], now: float, procs: Mapping[int, str],
-              stall_s: float) -> Optional[Anomaly]:
+              stall_s: float, where: Mapping[int, str] = NOWHERE) -> Optional[Anomaly]:
     """The rank that holds the others up: ``rank_hang``, naming rank, pid and host.
 
     - a local rank whose process is ``stopped`` (SIGSTOP, Ctrl-Z, a debugger): at once;
-    - a rank silent for more than ``stall_s`` while another rank wrote within ``stall_s``;
+    - a rank silent for more than ``stall_s`` while another rank wrote within ``stall_s``, and
+      wrote once the silent one was overdue (``stall_s`` or more after its last heartbeat): ranks
+      that fell silent together (a job killed or frozen as a whole) are not one rank's hang, so
+      which kind it is never depends on where a poll falls between their last writes;
     - all ranks silent for more than ``stall_s`` but one behind the others' step: that one
       (the others wait for it in a collective). All silent at the same step is no rank's fault:
       None (the run-level stall rule reports it).
-    ``stall_s`` may be the learned (adaptive) stall time."""
+    ``stall_s`` may be the learned (adaptive) stall time. A rank in ``where`` (``rank_where``) has
+    no process state: it is judged by its heartbeats alone."""
     if len(ranks) < 1:
         return None
-    stopped = sorted(r for r, s in ranks.items() if s.pid is not None and procs.get(s.pid) == "stopped")
+    stopped = sorted(r for r, s in ranks.items() if _state(s, procs, where) == "stopped")
     if stopped:
         s = ranks[stopped[0]]
         return anomaly("rank_hang", f"rank {s.rank} ({s.where()}) state = stopped != running{_others(ranks, stopped)}",
@@ -236,12 +276,16 @@ def rank_hang(ranks: Mapping[int, RankState], now: float, procs: Mapping[int, st
     if len(ranks) < 2:
         return None
     age = {r: now - s.last_seen for r, s in ranks.items() if s.last_seen is not None}
-    silent = sorted((r for r, a in age.items() if a > stall_s and procs.get(ranks[r].pid) not in GONE),
+    silent = sorted((r for r, a in age.items() if a > stall_s and _state(ranks[r], procs, where) not in GONE),
                     key=lambda r: (-age[r], r))
     if not silent:
         return None
     writing = [r for r, a in age.items() if a <= stall_s]
     if writing:
+        newest = max(ranks[r].last_seen for r in writing)
+        silent = [r for r in silent if newest - ranks[r].last_seen >= stall_s]   # another wrote once it was overdue
+        if not silent:
+            return None   # the others wrote only moments after it: they fall silent too, and are judged then
         w = max(writing, key=lambda r: (ranks[r].step or 0, -r))
         s, o = ranks[silent[0]], ranks[w]
         why = f"while rank {o.rank} wrote at step {o.step} {secs(max(age[w], 0))} ago"
@@ -256,10 +300,12 @@ def rank_hang(ranks: Mapping[int, RankState], now: float, procs: Mapping[int, st
         s = ranks[behind[0]]
         why = f"behind rank {o.rank} at step {o.step}"
     pid = s.pid if s.pid else "PID"
+    on = (f"inside its own PID namespace (its container) on {s.host or 'its node'}"
+          if where.get(s.rank) == ANOTHER_PID_NS else f"on {s.host or 'its node'}")
     return anomaly("rank_hang", f"rank {s.rank} ({s.where()}) silent = {secs(age[s.rank])} > {secs(stall_s)} "
                    f"{why}{_others(ranks, silent)}", s.step or 0,
                    f"That rank hangs and the others will wait for it until the collective timeout: "
-                   f"py-spy dump --pid {pid} on {s.host or 'its node'} shows where (a dataloader, a "
+                   f"py-spy dump --pid {pid} {on} shows where (a dataloader, a "
                    f"collective, I/O); kill -CONT {pid} if it was stopped, else kill the job and relaunch")
 
 
@@ -319,22 +365,31 @@ def root_cause_anomaly(cause: RootCause, step: int, killed: Optional[str] = None
 
 
 def rank_lines(ranks: Mapping[int, RankState], now: float, procs: Optional[Mapping[int, str]] = None,
-               stall_s: float = 60.0, limit_chars: int = 600) -> list[str]:
+               stall_s: float = 60.0, limit_chars: int = 600,
+               where: Optional[Mapping[int, str]] = None) -> list[str]:
     """Check-in lines: one per rank (``rank 1: step 120, 9.8 sps, 3s ago, running, pid 4242 on
     node-a``) when they fit in ``limit_chars``; otherwise the ranks that are not healthy one per
     line (stopped, gone, silent > ``stall_s``, FATAL) and one summary line for the healthy ones
     (``ranks 0-61 healthy: steps 118-120, sps 9.7-10.4, last heartbeat <= 3s ago``).
-    The total stays within ``limit_chars`` (a last ``... N more`` line when it must)."""
+    The total stays within ``limit_chars`` (a last ``... N more`` line when it must). A rank in
+    ``where`` (``rank_where``; default: computed here) says why its pid is not probed:
+    ``remote``, ``in another PID namespace: judged by its records``, or another boot; a given
+    ``where`` wins over ``procs`` (a pid of ours may have a foreign rank's number), a computed
+    one only names the ranks ``procs`` does not hold."""
     procs = procs or {}
     if not ranks:
         return []
+    given = where is not None
+    where = where if given else rank_where(ranks)
 
     def state(s: RankState) -> str:
         if s.fatal:
             return "FATAL"
+        if s.rank in where and (given or s.pid not in procs):
+            return AWAY.get(where[s.rank], "not probed here: judged by its records")
         if s.pid in procs:
             return procs[s.pid]
-        return "remote" if s.host and s.host != socket.gethostname() else "?"
+        return "?"
 
     def age(s: RankState) -> Optional[float]:
         return None if s.last_seen is None else max(0.0, now - s.last_seen)

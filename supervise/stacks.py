@@ -253,7 +253,8 @@ def targets(obs, me: Optional[int] = None) -> list:
     in /proc. The watchdog itself and what it started are left out, and so are processes that
     are not Python (no Python stack to take)."""
     me = os.getpid() if me is None else me
-    rank_of = {s.pid: r for r, s in obs.ranks.items() if s.pid and obs.rank_procs.get(s.pid) not in (None, *GONE)}
+    rank_of = {s.pid: r for r, s in obs.ranks.items() if s.pid and r not in obs.rank_where
+               and obs.rank_procs.get(s.pid) not in (None, *GONE)}
     base = [p.pid for p in obs.processes if p.alive and p.state != "stopped"] + list(rank_of)
     children = _children()
     seen, order, parent = set(), [], {}

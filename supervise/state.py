@@ -14,12 +14,11 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Optional
 
-import socket
 from pathlib import Path
 
 from .cli import UsageError
 from .contract import atomic_write_json, is_number, read_json
-from .probes import same_process
+from .probes import here, locality, same_process, where_text
 from .vocabulary import LAUNCH
 
 FINAL = ("done", "anomaly", "stopped")   # states a watchdog ends in
@@ -100,7 +99,7 @@ class WatchState:
 FIELDS = {"pid": int, "pgid": int, "sid": int, "host": str, "create_time": float, "launched_at": float,
           "argv": list, "cwd": str, "window_s": float, "session_id": str, "log": str, "run_dir": str,
           "stop": dict, "stopped_at": float, "earlier": list, "env": dict, "replaced": list, "on_exit": list,
-          "slurm_job_id": str, "sbatch": list}
+          "slurm_job_id": str, "sbatch": list, "pid_ns": int, "boot_id": str}
 
 
 def _field(value, kind):
@@ -131,9 +130,21 @@ def read_launch(run_dir) -> Optional[dict]:
     return typed_launch(read_json(Path(run_dir) / LAUNCH))
 
 
+def where_launched(rec: dict) -> str:
+    """'' when the record's process can be probed and signalled from here: its host, PID
+    namespace and boot are this process's (``probes.locality``; what the record lacks, an older
+    launcher's, is not compared). Otherwise where it runs, in words (``on host node-b, this is
+    node-a``, ``in another PID namespace on vm (...)``)."""
+    me = here()
+    host, ns, boot = rec.get("host"), rec.get("pid_ns"), rec.get("boot_id")
+    code = locality(host, ns, boot, me)
+    return where_text(code, host, ns, boot, me) if code else ""
+
+
 def on_this_host(rec: dict) -> bool:
-    """Whether the record's process can be seen from here (a record without a host: assumed so)."""
-    return not rec.get("host") or rec["host"] == socket.gethostname()
+    """Whether the record's process can be seen from here (``where_launched`` is ''); a record
+    without a host, namespace or boot is assumed so."""
+    return not where_launched(rec)
 
 
 def launch_alive(rec: Optional[dict]) -> bool:

@@ -13,14 +13,13 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from .cli import Parser, UsageError, duration, front_door, run_dir_arg
 from .probes import group_members, process, same_process
-from .state import on_this_host, read_launch, update_launch
+from .state import read_launch, update_launch, where_launched
 from .vocabulary import EXIT_ANOMALY, EXIT_OK, LAUNCH
 
 GRACE_S = 30.0
@@ -57,8 +56,9 @@ def stop(run_dir, grace_s: float = GRACE_S, *, by: str = "stop.py", clock=time.m
         return _cancel(run, rec["slurm_job_id"], by)
     pid, pgid = rec["pid"], rec["pgid"] or rec["pid"]
     who = f"pid {pid} (group {pgid})"
-    if not on_this_host(rec):
-        raise UsageError(f"{who} was launched on {rec['host']}, not on {socket.gethostname()}: run stop.py there")
+    away = where_launched(rec)
+    if away:
+        raise UsageError(f"{who} was launched {away}: run stop.py there")
     recycled = pgid == pid and process(pid).alive and not same_process(pid, rec["create_time"])
     if recycled or not group_members(pgid):
         return Stopped(EXIT_OK, f"{who} is already gone; nothing to stop")

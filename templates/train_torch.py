@@ -490,6 +490,7 @@ except ImportError:  # this file copied alone: the verbatim copy of supervise/te
             self.stacks_file = register_stacks(self.run_dir, self.rank)  # where a hang's stacks go (None: off)
             self.batch_size = batch_size
             self.run_id = uuid.uuid4().hex
+            self.ns = self._namespace()  # {"pid_ns", "boot_id"}: whether a watchdog may probe this pid
             self.t0 = time.time()
             self.last_step = None
             self._mark = None  # (step, time) the next sps is measured from
@@ -521,7 +522,7 @@ except ImportError:  # this file copied alone: the verbatim copy of supervise/te
                          "resume": recipe, "resume_env": resume_env, "checkpoint_dir": self._dirs(checkpoint_dir),
                          "flags": {str(k): self._num(v) for k, v in flags.items()} if flags else None,
                          "slurm_job_id": env.get("SLURM_JOB_ID"), "slurm": self._slurm(),
-                         "host": socket.gethostname(), "time": self.t0})
+                         "host": socket.gethostname(), **self.ns, "time": self.t0})
 
         # -- the calls a training loop makes
         def step(self, step, loss, *, lr=None, grad_norm=None, sps=None, **extra):
@@ -545,7 +546,7 @@ except ImportError:  # this file copied alone: the verbatim copy of supervise/te
                 sps = round(rank_sps * self.world_size, 3)
             self._mark, self.last_step = (step, now), step
             t = round(now - self.t0, 3)
-            beat = {"rank": self.rank, "local_rank": self.local_rank, "host": socket.gethostname(),
+            beat = {"rank": self.rank, "local_rank": self.local_rank, "host": socket.gethostname(), **self.ns,
                     "pid": os.getpid(), "step": step, "t": t, "time": round(now, 3)}
             self._append(self._rank_fd, self._given(beat, sps=rank_sps))
             rec = self._given({"step": step, "t": t, "loss": loss}, lr=lr, grad_norm=grad_norm, sps=sps, **extra)
@@ -672,6 +673,26 @@ except ImportError:  # this file copied alone: the verbatim copy of supervise/te
                 return head + ["--standalone"]
             return head + [f"--rdzv_id={env['TORCHELASTIC_RUN_ID']}", "--rdzv_backend=c10d",
                            f"--rdzv_endpoint={env.get('MASTER_ADDR', 'localhost')}:{env.get('MASTER_PORT', '29500')}"]
+
+        @staticmethod
+        def _namespace():
+            """This process's PID namespace (the inode of /proc/self/ns/pid) and the kernel's boot
+            (boot_id), read once: a watchdog with the same host name probes this pid only where both
+            are its own too (a sidecar container or ``unshare --pid`` shares the name, not the pids).
+            Each is left out where /proc does not have it (macOS)."""
+            out = {}
+            try:
+                out["pid_ns"] = os.stat("/proc/self/ns/pid").st_ino
+            except OSError:
+                pass
+            try:
+                with open("/proc/sys/kernel/random/boot_id") as f:
+                    boot = f.read(100).strip()
+                if boot:
+                    out["boot_id"] = boot
+            except OSError:
+                pass
+            return out
 
         @staticmethod
         def _slurm():

@@ -22,6 +22,7 @@ from conftest import LAUNCHER, ROOT, as_run, assert_checkin_agrees, end_launched
     wait_for_lines, wait_for_polls, watchdog_state
 from supervise import registry
 from supervise.launch import run_on_exit
+from supervise.probes import here_fields
 from supervise.recovery import watchdog_line
 from supervise.state import launch_alive, read_launch, typed_launch
 from supervise.vocabulary import LAUNCH
@@ -58,7 +59,8 @@ def test_the_launcher_returns_at_once_and_the_trainer_runs_detached(work):
     raw = json.loads((run / LAUNCH).read_text())
     assert rec == {**raw, "stop": None, "stopped_at": None, "slurm_job_id": None, "sbatch": None} and set(raw) == {"pid", "pgid", "sid", "host", "create_time", "launched_at", "argv", "cwd",
                                        "window_s", "session_id", "log", "run_dir", "earlier", "env", "replaced",
-                                       "on_exit"}
+                                       "on_exit", *here_fields()}
+    assert {k: rec[k] for k in ("pid_ns", "boot_id")} == {"pid_ns": None, "boot_id": None, **here_fields()}
     assert rec["pgid"] == rec["sid"] == rec["pid"] != os.getsid(0)  # its own session and group
     assert rec["host"] == socket.gethostname() and rec["cwd"] == str(work) and rec["window_s"] == 8 * 3600
     assert rec["argv"] == trainer_argv("runs/a") and rec["session_id"] == "sess-1234" and rec["earlier"] == []
@@ -391,7 +393,7 @@ REC = {"pid": 4242, "pgid": 4242, "sid": 4242, "host": "h", "create_time": 1.5, 
 
 
 UNSET = {"stop": None, "stopped_at": None, "earlier": None, "env": None, "replaced": None, "on_exit": None,
-         "slurm_job_id": None, "sbatch": None}
+         "slurm_job_id": None, "sbatch": None, "pid_ns": None, "boot_id": None}
 
 
 @pytest.mark.parametrize("raw,expect", [
@@ -426,6 +428,10 @@ def test_alive_means_the_same_process_on_this_host():
     assert not launch_alive({**base, "create_time": me - 100})  # a recycled pid is another process
     assert launch_alive({**base, "create_time": None})  # no start time recorded: the pid alone
     assert not launch_alive({**base, "host": here + "-elsewhere"})
+    assert launch_alive({**base, **here_fields()})   # this PID namespace and boot, recorded
+    if here_fields():   # another PID namespace's or boot's pid is not this one, whatever its number
+        assert not launch_alive({**base, **here_fields(), "pid_ns": 1})
+        assert not launch_alive({**base, **here_fields(), "boot_id": "another-boot"})
     dead = subprocess.Popen(["true"])
     dead.wait()
     assert not launch_alive({**base, "pid": dead.pid})

@@ -5,9 +5,11 @@ import socket
 
 import pytest
 
+from conftest import missing
 from supervise import ranks as R
 from supervise.judge import KINDS
 from supervise.logs import root_cause
+from supervise.probes import Here, here
 from supervise.ranks import RankFiles, local_pids, rank_dead, rank_fatal, rank_hang, rank_lines, \
     root_cause_anomaly, straggler
 
@@ -122,6 +124,10 @@ HEALTHY = {0: [(118, NOW - 4, 10.0), (120, NOW - 2, 10.0)], 1: [(118, NOW - 4, 1
      {}, 30, "rank_hang", ["rank 1 (pid 4201 on node-a) silent = 50s > 30s behind rank 0 at step 130"]),
     ("all silent at one step: the run's stall, not a rank's", {0: [(130, NOW - 40, 10.0)], 1: [(130, NOW - 41, 10.0)]},
      {}, 30, None, []),
+    # rank 0 wrote a moment after rank 1 and fell silent too (a job killed whole): not rank 1's hang, whichever
+    # side of 30 s the poll falls between their last writes (the stall rule, or the one behind, says it)
+    ("silent together, one a moment later", {0: [(130, NOW - 29.9, 10.0)], 1: [(130, NOW - 30.4, 10.0)]},
+     {}, 30, None, []),
     ("a gone rank is dead, not hung", {0: [(150, NOW - 1, 10.0)], 1: [(120, NOW - 31, 10.0)]}, {4201: "gone"}, 30,
      None, []),
 ])
@@ -198,6 +204,51 @@ def test_local_pids_are_this_hosts_ranks(tmp_path):
     write(tmp_path, 0, beat(0, 1, T0, host=me, pid=11))
     write(tmp_path, 1, beat(1, 1, T0, host="elsewhere", pid=12))
     assert local_pids(RankFiles(tmp_path).poll()) == [11]
+
+
+def test_local_pids_are_this_pid_namespaces_and_boots_ranks(tmp_path):
+    """Contract v0.4: a heartbeat's host is not enough; its pid_ns and boot_id, when written,
+    must be this process's too (a sidecar container shares the host name, not the pids)."""
+    me = here()
+    if me.pid_ns is None or me.boot_id is None or not me.proc_own:
+        missing(f"this /proc has no namespace link or boot id ({me}): a Linux with /proc is needed")
+    ours = {"pid_ns": me.pid_ns, "boot_id": me.boot_id}
+    write(tmp_path, 0, beat(0, 1, T0, host=me.host, pid=11, **ours))
+    write(tmp_path, 1, beat(1, 1, T0, host=me.host, pid=12, **{**ours, "pid_ns": me.pid_ns + 1}))
+    write(tmp_path, 2, beat(2, 1, T0, host=me.host, pid=13, **{**ours, "boot_id": "another-boot"}))
+    write(tmp_path, 3, beat(3, 1, T0, host=me.host, pid=14))                    # an older writer: host alone
+    write(tmp_path, 4, beat(4, 1, T0, host="elsewhere", pid=15, **ours))
+    write(tmp_path, 5, beat(5, 1, T0, host=me.host, pid=16, **{**ours, "pid_ns": "4026531836"}))   # not a number
+    write(tmp_path, 1, json.dumps({"step": 1, "t": 1.0, "FATAL": "boom", "rank": 1, "pid": 12}) + "\n")  # keeps its namespace
+    ranks = RankFiles(tmp_path).poll()
+    assert (ranks[1].pid_ns, ranks[2].boot_id) == (me.pid_ns + 1, "another-boot")
+    assert local_pids(ranks) == local_pids(ranks, me) == [11, 14, 16]   # a pid_ns that is no count is not read
+    assert R.rank_where(ranks, me) == {1: "pid_ns", 2: "boot", 4: "host"}
+    assert R.rank_where(ranks, Here(me.host, me.pid_ns, me.boot_id, proc_own=False)) == {1: "pid_ns", 2: "boot", 4: "host",
+                                                                                        0: "pid_ns"}
+
+
+def test_a_rank_of_another_pid_namespace_is_judged_by_its_records(tmp_path):
+    """Rank 1 runs in another PID namespace with the same pid number as local rank 0: rank 0's
+    state is never rank 1's; rank 1 is silent, stopped or dead only by its heartbeats."""
+    write(tmp_path, 0, beat(0, 120, NOW - 2, pid=7))
+    write(tmp_path, 1, beat(1, 120, NOW - 2, pid=7))
+    ranks = RankFiles(tmp_path).poll()
+    away = {1: "pid_ns"}
+    a = rank_dead(ranks, {7: "gone"}, where=away)
+    assert a.message.startswith("ANOMALY dead: rank 0 (pid 7 on node-a) = gone != alive at step 120") and "and rank" not in a.message
+    assert rank_dead(ranks, {7: "running"}, where={0: "pid_ns", 1: "pid_ns"}) is None
+    a = rank_hang(ranks, NOW, {7: "stopped"}, stall_s=30, where=away)
+    assert a.message.startswith("ANOMALY rank_hang: rank 0 (pid 7 on node-a) state = stopped") and "and rank" not in a.message
+    assert rank_lines(ranks, NOW, {7: "running"}, where=away) == [
+        "rank 0: step 120, 10 sps, 2.0s ago, running, pid 7 on node-a",
+        "rank 1: step 120, 10 sps, 2.0s ago, in another PID namespace: judged by its records, pid 7 on node-a"]
+    write(tmp_path, 0, beat(0, 150, NOW + 35, pid=7))   # rank 0 goes on; rank 1's heartbeats stop at 120
+    ranks = RankFiles(tmp_path).poll()
+    a = rank_hang(ranks, NOW + 36, {7: "running"}, stall_s=30, where=away)
+    assert a is not None and a.message.startswith("ANOMALY rank_hang: rank 1 (pid 7 on node-a) silent = 38s > 30s "
+                                                  "while rank 0 wrote at step 150"), a
+    assert "py-spy dump --pid 7 inside its own PID namespace (its container) on node-a" in a.message
 
 
 # --- check-in lines ---------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """supervise.telemetry.Telemetry: the contract v0.2 writer, alone and in a user's plain loop."""
 import json
 import math
+import os
 import subprocess
 import sys
 from decimal import Decimal
@@ -61,7 +62,23 @@ def test_steps_evals_expect_and_the_sentinel(tmp_path):
     assert final == {"run_id": start["run_id"], "attempt": 1, "step": 20, "eval_loss": 1.9, "note": "best"}
     beats = lines(tmp_path / "ranks" / "rank-0.jsonl")
     assert [b["step"] for b in beats] == [10, 20]
-    assert set(beats[1]) == {"rank", "local_rank", "host", "pid", "step", "t", "time", "sps"}
+    assert set(beats[1]) == {"rank", "local_rank", "host", "pid", "step", "t", "time", "sps"} | set(NS)
+    assert all({k: b[k] for k in NS} == NS for b in beats) and {k: start[k] for k in NS} == NS
+
+
+def namespace() -> dict:
+    """What this process's /proc says of its PID namespace and boot (contract v0.4), read
+    another way than the writer does: the namespace link's text, the boot id's file."""
+    out = {}
+    try:
+        out["pid_ns"] = int(os.readlink("/proc/self/ns/pid").removeprefix("pid:[").rstrip("]"))
+        out["boot_id"] = open("/proc/sys/kernel/random/boot_id").read().strip()
+    except OSError:   # no /proc namespaces (macOS): both left out of the records
+        pass
+    return out
+
+
+NS = namespace()
 
 
 def test_sps_is_measured_from_a_mark_over_all_ranks(tmp_path):
