@@ -26,8 +26,8 @@ from .contract import TailReader, is_count, is_finite, read_json, why_unreadable
 from .judge import KINDS, RECORD_RULES, judge
 from .logs import cgroup_dir, kernel_oom_lines, killed_reason, last_error, log_tail, oom_kills, oom_line, root_cause
 from .observation import Observation, Proc, Records, WatchdogSeen, frozen
-from .probes import Nvml, ProcessWatch, born_after, cpu_seconds, disk_free, here, locality, log_writers, process, \
-    same_process, same_start, where_text
+from .probes import Nvml, ProcessWatch, born_after, cpu_seconds, disk_free, here, log_writers, process, runs_where, \
+    same_process, same_start
 from .ranks import RankFiles, local_pids, rank_where
 from .rules import RecordRules
 from .scan import Scan
@@ -163,9 +163,7 @@ class Observer:
 
     def _start_away(self, start: dict) -> str:
         """'' when the start record's pid is this watchdog's to probe, else where it runs, in words."""
-        host, ns, boot = start.get("host"), start.get("pid_ns"), start.get("boot_id")
-        code = locality(host, ns, boot, self.me)
-        return where_text(code, host, ns, boot, self.me) if code else ""
+        return runs_where(start, self.me)
 
     def _scan(self) -> None:
         """The train.log writers: roots are run processes, their children are watched too (a

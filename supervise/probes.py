@@ -301,6 +301,16 @@ def where_text(code: str, host: Optional[str], pid_ns: Optional[int], boot_id: O
     return ""
 
 
+def runs_where(rec, me: Optional[Here] = None) -> str:
+    """'' when the pid of ``rec`` (a start record, launch.json: anything with ``host``, ``pid_ns``,
+    ``boot_id``) is this process's to probe (``locality`` against ``me``, default ``here()``);
+    otherwise where it runs, in words (``where_text``)."""
+    me = me or here()
+    host, ns, boot = rec.get("host"), rec.get("pid_ns"), rec.get("boot_id")
+    code = locality(host, ns, boot, me)
+    return where_text(code, host, ns, boot, me) if code else ""
+
+
 @dataclass
 class GpuReading:
     index: int

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .cli import UsageError
 from .contract import atomic_write_json, is_number, read_json
-from .probes import here, locality, same_process, where_text
+from .probes import runs_where, same_process
 from .vocabulary import LAUNCH
 
 FINAL = ("done", "anomaly", "stopped")   # states a watchdog ends in
@@ -135,10 +135,7 @@ def where_launched(rec: dict) -> str:
     namespace and boot are this process's (``probes.locality``; what the record lacks, an older
     launcher's, is not compared). Otherwise where it runs, in words (``on host node-b, this is
     node-a``, ``in another PID namespace on vm (...)``)."""
-    me = here()
-    host, ns, boot = rec.get("host"), rec.get("pid_ns"), rec.get("boot_id")
-    code = locality(host, ns, boot, me)
-    return where_text(code, host, ns, boot, me) if code else ""
+    return runs_where(rec)
 
 
 def on_this_host(rec: dict) -> bool:

@@ -19,20 +19,17 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, STOPPER, WATCHDOG, end_group, end_launched, keeps_writing, kind_of, launch, launch_line, \
-    missing, need, records, shell, wait_for, wait_for_polls
+from conftest import ROOT, STOPPER, WATCHDOG, end_launched, keeps_writing, kind_of, launch, missing, records, \
+    wait_for_polls
 from supervise.probes import here
-from supervise.ranks import RankFiles
 from supervise.state import read_launch
+from torchrun_job import job  # noqa: F401  (the fixture)
 
-LOOP = ROOT / "tests" / "ddp_loop.py"
 PLAIN = ROOT / "tests" / "resumable_loop.py"   # a plain loop with Telemetry, standard library only
 CHECKIN = WATCHDOG.with_name("checkin.py")
-TORCHRUN = Path(sys.executable).with_name("torchrun")
 UNSHARE = shutil.which("unshare")
 STALL = 20    # s: --max-stall (ddp_loop has no eval, so the stall limit is this); generous for a busy machine
 OWN_NS = [UNSHARE or "unshare", "--pid", "--fork", "--mount-proc", "--kill-child"]
@@ -57,89 +54,6 @@ def _can_unshare() -> str:
 _why = _can_unshare()
 if _why:
     missing(_why)
-
-
-class Job:
-    """torchrun --nproc_per_node 2 tests/ddp_loop.py through the README's launch line."""
-
-    def __init__(self, run_dir: Path, *args):
-        self.run_dir, self.log = run_dir, run_dir / "train.log"
-        self.proc = shell(launch_line([TORCHRUN, "--nproc_per_node", 2, LOOP, "--out", run_dir, *args], run_dir))
-        self.files = RankFiles(run_dir)
-
-    def ranks(self):
-        return self.files.poll()
-
-    def worker_pids(self) -> list[int]:
-        found = re.findall(r"^rank \d+/\d+ pid (\d+) started", self.log.read_text() if self.log.exists() else "", re.M)
-        return sorted({int(p) for p in found} | {s.pid for s in self.ranks().values() if s.pid})
-
-    def wait_for_steps(self, n=4, timeout=180):
-        return wait_for(lambda: (ranks := self.ranks()) and len(ranks) == 2 and
-                        all(s.records >= n for s in ranks.values()) and ranks,
-                        f"the two ranks' heartbeats of {n} steps", timeout, tick=0.2, proc=self.proc,
-                        why=lambda: self.log.read_text()[-3000:])
-
-    def signal_workers(self, sig) -> None:
-        for pid in self.worker_pids():
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-
-    def kill_all(self) -> None:
-        """SIGKILL of the whole trainer: the launch line's shell and torchrun (their process group),
-        then the workers (each in a session of its own), so that nothing reports the death."""
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.signal_workers(signal.SIGKILL)
-        self.proc.wait()
-
-    def freeze_at_one_step(self, timeout=60) -> dict:
-        """Stop both workers where their heartbeats show the same step (a kill of the whole job
-        between two ranks' writes of one step would leave one a step behind: that is rank_hang's
-        case, not this test's): the frozen ranks."""
-        def frozen():
-            self.signal_workers(signal.SIGSTOP)
-            wait_for(lambda: all(_state(p) == "T" for p in self.worker_pids()), "the workers to stop", 30)
-            ranks = self.ranks()
-            if len({s.step for s in ranks.values()}) == 1:
-                return ranks
-            self.signal_workers(signal.SIGCONT)
-            return None
-        return wait_for(frozen, "both ranks stopped at the same step", timeout, tick=0.3)
-
-    def close(self):
-        self.signal_workers(signal.SIGCONT)
-        self.signal_workers(signal.SIGKILL)
-        end_group(self.proc)
-
-
-def _state(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return "gone"
-
-
-@pytest.fixture
-def job(tmp_path):
-    need("torch")
-    if not TORCHRUN.exists():
-        missing(f"torchrun is not installed next to this Python ({TORCHRUN}): torch's install puts it there")
-    made = []
-
-    def start(*args):
-        j = Job(tmp_path / f"run{len(made)}", *args)
-        made.append(j)
-        return j
-
-    yield start
-    for j in made:
-        j.close()
 
 
 @pytest.fixture
@@ -214,7 +128,7 @@ def test_a_healthy_run_is_ok_done_for_a_watchdog_in_its_own_pid_namespace(job, w
     """(a) Both ranks train: the watchdog, which cannot see their pids, says nothing until the
     sentinel, then OK done (exit 0); a check-in from another namespace says why no pid is probed."""
     j = job("--steps", 60, "--step-time", 0.3)   # 60 steps (no chance_loss yet on random labels), ~20 s
-    j.wait_for_steps()
+    j.wait_for_steps(4)
     wd = watchdogs(j.run_dir)
     state = watching(j.run_dir, wd, own_ns=True)
     assert state["pids"] == [], state   # not one process of the run is visible from there
@@ -236,7 +150,7 @@ def test_a_killed_rank_is_still_the_crash_torchrun_reports(job, watchdogs):
     """(b) SIGKILL of rank 1: torchrun reports it in train.log, which the watchdog reads whatever
     the namespace: crash, naming rank 1 and its pid, soon (never dead: no pid was probed)."""
     j = job()
-    ranks = j.wait_for_steps()
+    ranks = j.wait_for_steps(4)
     wd = watchdogs(j.run_dir)
     watching(j.run_dir, wd, own_ns=True)
     pid1 = ranks[1].pid
@@ -255,7 +169,7 @@ def test_a_killed_trainer_is_a_stall_by_its_records_for_a_watchdog_in_its_own_pi
     there, so the death shows as the records stopping: stall, once the metrics are older than
     the stall limit, and not before; the line says that no process of the run is visible and why."""
     j = job()
-    j.wait_for_steps()
+    j.wait_for_steps(4)
     wd = watchdogs(j.run_dir)
     watching(j.run_dir, wd, own_ns=True)
     ranks = j.freeze_at_one_step()
@@ -279,7 +193,7 @@ def test_the_control_a_watchdog_beside_the_trainer_says_dead_at_once(job, watchd
     """(c) The same kill seen from the trainer's own namespace: the pids are probed, and their
     being gone is dead at once, naming the ranks."""
     j = job()
-    j.wait_for_steps()
+    j.wait_for_steps(4)
     wd = watchdogs(j.run_dir, own_ns=False)
     state = watching(j.run_dir, wd, own_ns=False)
     assert state["pids"], state   # it follows torchrun and the start record's pid

@@ -4,66 +4,19 @@ polled as the watchdog will poll them, name rank 1 and its root cause."""
 import os
 import re
 import signal
-import sys
 import time
-from pathlib import Path
 
-import pytest
-
-from conftest import WATCHDOG, assert_checkin_agrees, end_group, kind_of, launch_line, missing, need, shell, start_script, \
-    wait_for, wait_for_polls
+from conftest import WATCHDOG, assert_checkin_agrees, kind_of, missing, need, start_script, wait_for, wait_for_polls
 
 need("torch")
 
 from supervise import probes  # noqa: E402
 from supervise.logs import cgroup_dir, kernel_oom_lines, killed_reason, last_error, log_tail, oom_kills, root_cause  # noqa: E402
-from supervise.ranks import RankFiles, local_pids, rank_dead, rank_hang, rank_lines, root_cause_anomaly, straggler  # noqa: E402
+from supervise.ranks import local_pids, rank_dead, rank_hang, rank_lines, root_cause_anomaly, straggler  # noqa: E402
+from torchrun_job import TORCHRUN, job  # noqa: E402,F401  (job: the fixture)
 
-LOOP = Path(__file__).parent / "ddp_loop.py"
-TORCHRUN = Path(sys.executable).with_name("torchrun")
 if not TORCHRUN.exists():
     missing(f"torchrun is not installed next to this Python ({TORCHRUN}): torch's install puts it there")
-
-
-class Job:
-    def __init__(self, run_dir: Path, *args):
-        self.run_dir, self.log = run_dir, run_dir / "train.log"
-        self.proc = shell(launch_line([TORCHRUN, "--nproc_per_node", 2, LOOP, "--out", run_dir, *args], run_dir))
-        self.files = RankFiles(run_dir)
-
-    def worker_pids(self) -> list[int]:
-        found = re.findall(r"^rank \d+/\d+ pid (\d+) started", self.log.read_text() if self.log.exists() else "", re.M)
-        return sorted({int(p) for p in found} | {s.pid for s in self.files.poll().values() if s.pid})
-
-    def wait_for_steps(self, n=2, timeout=180):
-        return wait_for(lambda: (ranks := self.files.poll()) and len(ranks) == 2 and
-                        all(s.records >= n for s in ranks.values()) and ranks,
-                        f"the two ranks' heartbeats of {n} steps", timeout, tick=0.2, proc=self.proc,
-                        why=lambda: self.log.read_text()[-3000:])
-
-    def close(self):
-        pids = self.worker_pids()   # torchrun starts each worker in a session of its own
-        for pid in pids:
-            for sig in (signal.SIGCONT, signal.SIGKILL):
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
-        end_group(self.proc)
-
-
-@pytest.fixture
-def job(tmp_path):
-    made = []
-
-    def start(*args):
-        j = Job(tmp_path / f"run{len(made)}", *args)
-        made.append(j)
-        return j
-
-    yield start
-    for j in made:
-        j.close()
 
 
 def poll(job, until, what, timeout):
