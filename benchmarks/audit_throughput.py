@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from supervise.audit import check_all  # noqa: E402
+from supervise.tools.audit import check_all  # noqa: E402
 
 TOP = re.compile(r"^(?:@.*\n)*(?:def|class|async def) ", re.M)  # decorators travel with their def
 

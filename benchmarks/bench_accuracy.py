@@ -10,7 +10,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from supervise import bench  # noqa: E402
+from supervise.tools import bench  # noqa: E402
 
 bench.progress = lambda msg: None  # quiet
 

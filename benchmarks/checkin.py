@@ -110,7 +110,7 @@ def main():
                 f.write(chunk[:1 << 20])
         size = (run / "metrics.jsonl").stat().st_size
         append = Appender(run / "metrics.jsonl", a.lines)
-        from supervise import checkin
+        from supervise.tools import checkin
         from supervise.contract import atomic_write_json
 
         def drop_scan():

@@ -54,7 +54,7 @@ def pct(xs, q):
 def in_process(root: Path, command: str, background: bool, limit: float) -> float:
     """CPU seconds of one decide() on ``command`` (CPU time: a figure a busy machine does not inflate; a
     fresh interpreter, so that a quadratic case can be cut off)."""
-    code = ("import sys, time, json; sys.path.insert(0, sys.argv[1]); from supervise.guard import call_from_hook, decide;"
+    code = ("import sys, time, json; sys.path.insert(0, sys.argv[1]); from supervise.guard.hook import call_from_hook, decide;"
             "d = json.loads(sys.stdin.read()); c = call_from_hook(d, {}); t = time.process_time(); decide(c);"
             "print(time.process_time() - t)")
     data = json.dumps({"tool_name": "Bash", "tool_input": {"command": command, "run_in_background": background}})

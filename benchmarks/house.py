@@ -13,43 +13,60 @@ import argparse
 import ast
 from pathlib import Path
 
-# The floors of the house, ground first: a module may import from its own floor or below.
-# A module not listed sits on the top floor (a front door).
+# The layers of the house, ground first (supervise.LAYERS): a module may import from its own layer
+# or below. A flat package (the house before its folders) is measured with FLOORS instead.
 FLOORS = [
     ("ground", {"vocabulary", "thresholds", "cli", "contract", "probes", "state", "observation", "registry",
                 "telemetry"}),
     ("knowledge", {"logs", "rules", "scan", "ranks", "slurm", "checkpoints", "stacks", "volumes"}),
     ("engine", {"engine", "judge", "recovery", "launch", "stop"}),
 ]
+LAYERS = ("", "observe", "judge", "act", "guard", "tools")
 
 
-def floor(module: str) -> int:
-    return next((i for i, (_, mods) in enumerate(FLOORS) if module in mods), len(FLOORS))
+def name_of(pkg: Path, p: Path) -> str:
+    """'observe.probes' for supervise/observe/probes.py, 'contract' for supervise/contract.py."""
+    return ".".join(p.relative_to(pkg).with_suffix("").parts)
+
+
+def floor(module: str, flat: bool) -> int:
+    if flat:
+        return next((i for i, (_, mods) in enumerate(FLOORS) if module in mods), len(FLOORS))
+    return LAYERS.index(module.split(".")[0] if "." in module else "")
+
+
+def floor_name(i: int, flat: bool) -> str:
+    if flat:
+        return FLOORS[i][0] if i < len(FLOORS) else "front door"
+    return LAYERS[i] or "supervise (the contract)"
+
+
+def sources(pkg: Path) -> list[Path]:
+    return sorted(p for p in pkg.rglob("*.py") if p.stem != "__init__" and "__pycache__" not in p.parts)
 
 
 def imports(pkg: Path) -> dict[str, set[str]]:
     """module -> the package's modules it imports (relative or absolute, at any depth)."""
-    names = {p.stem for p in pkg.glob("*.py") if p.stem != "__init__"}
+    names = {name_of(pkg, p) for p in sources(pkg)}
     out = {}
-    for p in sorted(pkg.glob("*.py")):
-        if p.stem == "__init__":
-            continue
+    for p in sources(pkg):
+        me = name_of(pkg, p)
         deps = set()
         for node in ast.walk(ast.parse(p.read_text())):
             if isinstance(node, ast.ImportFrom):
-                if node.level == 1 and node.module:
-                    deps.add(node.module.split(".")[0])
-                elif node.level == 1:
-                    deps |= {a.name for a in node.names}
+                if node.level == 1:  # the flat package's relative imports
+                    deps |= {node.module.split(".")[0]} if node.module else {a.name for a in node.names}
                 elif node.module and node.module.split(".")[0] == pkg.name:
-                    rest = node.module.split(".")[1:]
-                    deps |= {rest[0]} if rest else {a.name for a in node.names}
+                    rest = ".".join(node.module.split(".")[1:])
+                    for a in node.names:
+                        full = f"{rest}.{a.name}" if rest else a.name
+                        deps.add(full if full in names else rest)
             elif isinstance(node, ast.Import):
                 for a in node.names:
                     parts = a.name.split(".")
                     if parts[0] == pkg.name and len(parts) > 1:
-                        deps.add(parts[1])
-        out[p.stem] = {d for d in deps if d in names and d != p.stem}
+                        deps.add(".".join(parts[1:]))
+        out[me] = {d for d in deps if d in names and d != me}
     return out
 
 
@@ -87,10 +104,10 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def longest_functions(pkg: Path, top: int) -> list[tuple[int, str]]:
     found = []
-    for p in sorted(pkg.glob("*.py")):
+    for p in sources(pkg):
         for node in ast.walk(ast.parse(p.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                found.append((node.end_lineno - node.lineno + 1, f"{p.stem}.{node.name}"))
+                found.append((node.end_lineno - node.lineno + 1, f"{name_of(pkg, p)}.{node.name}"))
     return sorted(found, reverse=True)[:top]
 
 
@@ -100,16 +117,20 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=10)
     a = ap.parse_args()
     pkg = Path(a.package)
+    flat = not any(p.parent != pkg for p in sources(pkg))
     graph = imports(pkg)
-    lines = {p.stem: len(p.read_text().splitlines()) for p in pkg.glob("*.py") if p.stem != "__init__"}
+    lines = {name_of(pkg, p): len(p.read_text().splitlines()) for p in sources(pkg)}
     edges = sorted((m, d) for m, ds in graph.items() for d in ds)
-    upward = [(m, d) for m, d in edges if floor(d) > floor(m)]
+    upward = [(m, d) for m, d in edges if floor(d, flat) > floor(m, flat)]
     comps = cycles(graph)
     print(f"modules: {len(graph)}, {sum(lines.values())} lines; imports between them: {len(edges)}")
+    if not flat:
+        for i, name in enumerate(LAYERS):
+            mods = sorted(m for m in graph if floor(m, flat) == i)
+            print(f"  {floor_name(i, flat)}/: {len(mods)} modules, {sum(lines[m] for m in mods)} lines")
     print(f"import cycles: {len(comps)}" + "".join(f"\n  {' <-> '.join(c)}" for c in comps))
     print(f"imports that run upward: {len(upward)}" + "".join(
-        f"\n  {m} ({FLOORS[floor(m)][0] if floor(m) < len(FLOORS) else 'front door'}) -> {d} "
-        f"({FLOORS[floor(d)][0] if floor(d) < len(FLOORS) else 'front door'})" for m, d in upward))
+        f"\n  {m} ({floor_name(floor(m, flat), flat)}) -> {d} ({floor_name(floor(d, flat), flat)})" for m, d in upward))
     print(f"the {a.top} longest functions (lines):")
     for n, name in longest_functions(pkg, a.top):
         print(f"  {n:4d}  {name}")

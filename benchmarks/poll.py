@@ -29,9 +29,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from supervise.checkpoints import CheckpointWatch  # noqa: E402
+from supervise.observe.checkpoints import CheckpointWatch  # noqa: E402
 from supervise.thresholds import Thresholds  # noqa: E402
-from supervise.watch import Watchdog  # noqa: E402
+from supervise.tools.watch import Watchdog  # noqa: E402
 
 STEP = '{"step":%d,"t":%d.5,"loss":0.31,"lr":0.0001,"grad_norm":1.1,"sps":812.0}\n'
 

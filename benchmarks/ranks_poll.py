@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from supervise.ranks import RankFiles, rank_dead, rank_hang, rank_lines, straggler  # noqa: E402
+from supervise.observe.ranks import RankFiles, rank_dead, rank_hang, rank_lines, straggler  # noqa: E402
 
 
 def beat(rank: int, step: int, now: float) -> str:

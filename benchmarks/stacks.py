@@ -4,7 +4,7 @@
 
 A live Python process (a busy loop that stamps time.monotonic() into a file every ~1 ms: it
 never hangs, so every gap in its stamps is a pause the capture caused, or the machine) is
-captured by ``supervise.stacks.capture`` the two ways: in-process (``Telemetry`` registered
+captured by ``supervise.observe.stacks.capture`` the two ways: in-process (``Telemetry`` registered
 faulthandler; the watchdog sends the signal) and from outside (``py-spy dump``, which stops the
 process while it reads it; ``--native`` too when py-spy is installed). For each: the capture's
 wall time, and the longest gap in the stamps during the capture against the longest gap before
@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from supervise import stacks as st  # noqa: E402
+from supervise.observe import stacks as st  # noqa: E402
 
 TARGET = """
 import os, sys, time

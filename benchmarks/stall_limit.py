@@ -35,7 +35,7 @@ from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from supervise.rules import StallClock  # noqa: E402
+from supervise.observe.records import StallClock  # noqa: E402
 from supervise.thresholds import Thresholds  # noqa: E402
 
 POLL = 30.0

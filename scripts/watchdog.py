@@ -8,7 +8,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a plain checkout
 
-from supervise.watch import main  # noqa: E402
+from supervise.tools.watch import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

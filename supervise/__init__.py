@@ -1,22 +1,21 @@
 """supervising-training-runs: telemetry contract, anomaly rules and the tools around them.
 
-The house, ground floor first; a module imports only from its own floor or below
-(``python benchmarks/house.py`` measures it):
+The house, one folder per layer, ground first; a module imports only from its own layer or
+below (``LAYERS``; tests/test_layers.py enforces it, ``python benchmarks/house.py`` measures it):
 
-- ground: ``vocabulary`` (file names, exit codes, the quiet variables, ``GONE``, ``Anomaly``),
-  ``thresholds`` (every threshold, a flag each), ``cli`` (the one error boundary, argument
-  types), ``contract`` (records, the tail reader, atomic writes), ``probes`` (processes and
-  their one liveness test, GPU, disk), ``state`` (watchdog.json and launch.json, typed),
-  ``observation`` (the frozen ``Observation`` and ``Verdict``), ``registry``, ``telemetry``;
-- knowledge: ``logs``, ``rules`` (the record rules), ``scan`` (what a scan learned, kept beside
-  watchdog.json), ``ranks``, ``slurm``, ``checkpoints``, ``stacks`` (a hang's stacks: the capture
-  and the phrase that names the frames), ``volumes`` (the free space of the volumes a run writes
-  to, whatever fills them);
-- engine: ``engine`` (observe), ``judge`` (the one rule table, and the verdict), ``recovery``
-  (the relaunch line), ``launch`` and ``stop``;
-- front doors: ``watch``, ``checkin``, ``plot``, ``smoke``, ``bench``, ``audit``, ``demo``,
-  ``guard`` (the hooks), and the integrations ``hf`` and ``lightning``.
+- ``supervise/`` itself, the contract and its writers: ``vocabulary`` (file names, exit codes,
+  the quiet variables, ``GONE``, ``Anomaly``, the bundle's folder), ``thresholds`` (every
+  threshold, a flag each), ``cli`` (the one error boundary, argument types), ``contract``
+  (records, the tail reader, atomic writes), and what a training script imports: ``telemetry``
+  (standard library only, copied beside a plain loop), ``hf`` and ``lightning``;
+- ``observe/``: one frozen ``Observation`` per poll (``observe.observer``);
+- ``judge/``: the one rule table over it, one ``Verdict``, pure (``judge.table``);
+- ``act/``: launch, stop, the relaunch line;
+- ``guard/``: the PreToolUse hooks;
+- ``tools/``: the front doors (watch, checkin, smoke, bench, audit, plot, demo).
 
 The hot paths (watchdog, check-in, hooks) use only the standard library, plus psutil and
 nvidia-ml-py when they are installed."""
 __version__ = "0.1.0"
+
+LAYERS = ("", "observe", "judge", "act", "guard", "tools")   # ground first; "" is supervise/ itself

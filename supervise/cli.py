@@ -13,7 +13,7 @@ import re
 import sys
 from typing import Callable
 
-from .vocabulary import EXIT_OK, EXIT_USAGE
+from supervise.vocabulary import EXIT_OK, EXIT_USAGE
 
 
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-from .contract import is_finite
+from supervise.contract import is_finite
 
 
 def _th(default, unit: str, doc: str, duration: bool = False):
@@ -87,8 +87,8 @@ def markdown(kinds) -> str:
     return "\n".join([
         "# Watchdog flags and thresholds",
         "",
-        "Generated from `supervise.thresholds.Thresholds` and `supervise.judge.RULES` (`python -c \"from "
-        "supervise.judge import KINDS; from supervise.thresholds import markdown; print(markdown(KINDS), end='')\" "
+        "Generated from `supervise.thresholds.Thresholds` and `supervise.judge.table.RULES` (`python -c \"from "
+        "supervise.judge.table import KINDS; from supervise.thresholds import markdown; print(markdown(KINDS), end='')\" "
         "> references/thresholds.md`); a test fails when it drifts.",
         "",
         "`python scripts/watchdog.py RUN_DIR [flags]`. Durations take seconds or `90s`, `6m`, `3h`.",

@@ -14,8 +14,12 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 # ---------------------------------------------------------------------------- the run folder
+PACKAGE = Path(__file__).resolve().parent   # the library package (supervise/)
+BUNDLE = PACKAGE.parent                       # the skill bundle: scripts/, templates/, SKILL.md
+
 METRICS = "metrics.jsonl"            # the telemetry contract (the training script)
 SENTINEL = "final_val_metrics.json"  # the completion sentinel (the training script, last)
 LOG = "train.log"                    # the trainer's stdout and stderr (the launcher appends)

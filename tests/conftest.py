@@ -323,7 +323,7 @@ def stop(work, run, *extra) -> subprocess.CompletedProcess:
 def end_launched(root: Path) -> None:
     """SIGKILL the process group of every live launch recorded under ``root`` (the launcher
     detaches what it starts: nothing else would end it)."""
-    from supervise.state import launch_alive, read_launch
+    from supervise.observe.state import launch_alive, read_launch
     from supervise.vocabulary import LAUNCH
     for rec_path in Path(root).rglob(LAUNCH):
         rec = read_launch(rec_path.parent)
@@ -344,7 +344,7 @@ def as_run(line: str, python: str) -> str:
 def run_relaunch(line: str, run, *, env=None, timeout: float = 400) -> dict:
     """A relaunch line as the agent runs it: verbatim, through a shell, which returns at once (the
     launcher detaches the trainer); then the launched trainer followed to its end. Its record."""
-    from supervise.state import launch_alive, read_launch
+    from supervise.observe.state import launch_alive, read_launch
     before = read_launch(run)
     p = subprocess.run(["bash", "-c", line], env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and p.stdout.startswith("launched pid "), p.stdout + p.stderr
@@ -377,8 +377,8 @@ def assert_checkin_agrees(run_dir, line: str, env=None) -> dict:
 def verdict_of(kind, message: str = ""):
     """The Verdict a judge gives for an anomaly of ``kind`` (None: a run found dead by hand),
     with the move and relaunch change of the rule table: what the relaunch line is built from."""
-    from supervise.judge import move_for
-    from supervise.observation import Verdict
+    from supervise.judge.table import move_for
+    from supervise.observe.observation import Verdict
     from supervise.vocabulary import Anomaly
     found = Anomaly(kind, 0, message) if kind else None
     move, change = move_for(kind, message)

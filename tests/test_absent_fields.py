@@ -96,8 +96,8 @@ def test_nanogpt_with_the_five_lines_and_no_grad_norm_runs_to_ok_done(tmp_path):
 def fold(*steps):
     """The record rules over a start record and these step records (as a reader sanitizes them)."""
     from supervise.contract import sanitize
-    from supervise.judge import RECORD_RULES
-    from supervise.rules import RecordRules, Thresholds
+    from supervise.judge.table import RECORD_RULES
+    from supervise.observe.records import RecordRules, Thresholds
     rules = RecordRules(Thresholds(), RECORD_RULES)
     for rec in ({"event": "start", "t": 0}, *steps):
         rules.add(sanitize(rec))

@@ -2,7 +2,7 @@
 import pytest
 
 from bad_input import LONG_DIGITS, assert_refused, replay, snapshot, user_folder
-from supervise.demo import MARKER, claim
+from supervise.tools.demo import MARKER, claim
 
 
 def _dir_with_a_user_file(work):

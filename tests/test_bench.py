@@ -31,7 +31,7 @@ def test_does_not_fit_gives_the_subsample(tmp_path):
 
 def test_out_of_memory_halves_the_batch(monkeypatch):
     """No GPU here: the OOM comes from a step that raises torch's own OutOfMemoryError above batch 4."""
-    from supervise import bench
+    from supervise.tools import bench
     real = bench.time_steps
 
     def limited(model, vocab, batch, *rest):
@@ -72,6 +72,6 @@ def test_lm_mode_times_a_causal_lm_built_from_a_config():
     assert rc == 0, err
     facts = json.loads(out)
     assert facts["sps"] > 0 and facts["fits"] is True and facts["checkpoint_bytes"] > 0
-    from supervise.bench import build_model
+    from supervise.tools.bench import build_model
     model, vocab = build_model(None, 2, 16, "lm")
     assert type(model).__name__ == "LlamaForCausalLM" and vocab == 1000

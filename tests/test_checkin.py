@@ -9,13 +9,13 @@ import sys
 import pytest
 
 from conftest import SCRIPTS, kind_of, need, run_script, wait_for_polls
-from supervise import registry
+from supervise.observe import registry
 from supervise.contract import atomic_write_json
-from supervise.judge import KINDS
-from supervise.observation import Verdict
+from supervise.judge.table import KINDS
+from supervise.observe.observation import Verdict
 from supervise.thresholds import Thresholds
 from supervise.vocabulary import anomaly
-from supervise.watch import Watchdog
+from supervise.tools.watch import Watchdog
 
 STEP = '{"step": %d, "t": %d, "loss": 0.4, "lr": 0.0001, "grad_norm": 1.0, "sps": 100}\n'
 
@@ -133,7 +133,7 @@ def test_json_has_the_same_facts(tmp_path, sleeper):
 def test_json_over_its_bound_keeps_the_line_the_next_lines_their_notes_and_the_stacks():
     """A torchrun hang: a long relaunch line and five ranks' steps pass 1,500 characters; the
     lists shrink and the small facts go, but never what the agent acts on."""
-    from supervise.checkin import LIMIT, bounded_json
+    from supervise.tools.checkin import LIMIT, bounded_json
     facts = {"run_dir": "/runs/exp1", "verdict": "ANOMALY stall", "watchdog_message": "ANOMALY stall: " + "x" * 400,
              "steps": [{"step": i, "loss": 0.5, "lr": 1e-4, "grad_norm": 1.0, "sps": 100} for i in range(5)],
              "ranks": ["rank %d: step 28, 6s ago" % r for r in range(8)], "time_limit": "none (" + "y" * 200 + ")",
@@ -182,7 +182,7 @@ def test_plot_writes_a_png(tmp_path, sleeper):
 
 
 def test_checkin_imports_neither_torch_nor_pandas(tmp_path):
-    code = ("import sys; sys.argv=['c', %r]; sys.path.insert(0, %r); from supervise.checkin import main; main(); "
+    code = ("import sys; sys.argv=['c', %r]; sys.path.insert(0, %r); from supervise.tools.checkin import main; main(); "
             "assert 'torch' not in sys.modules and 'pandas' not in sys.modules") % (str(tmp_path), str(SCRIPTS.parent))
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
@@ -243,7 +243,7 @@ def test_a_watchdog_that_died_is_gone_and_its_line_is_offered_again(tmp_path, sl
 def test_help_names_every_headline():
     """--help lists every first line check-in prints (observation.Verdict's headlines)."""
     import inspect
-    from supervise import observation
+    from supervise.observe import observation
     rc, out, err = run_script("checkin.py", "--help")
     said = " ".join(out.split())
     doc = inspect.getsource(observation.Verdict)

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, assert_checkin_agrees, kind_of, missing, need, run_script, start_script, wait_for
-from supervise.checkpoints import (CheckpointWatch, checkpoint_dirs, choose_resume, declared_keep, examine,
+from supervise.observe.checkpoints import (CheckpointWatch, checkpoint_dirs, choose_resume, declared_keep, examine,
                                    find_checkpoints, remaining_saves, resume_lines, rule_disk)
-from supervise.logs import enospc_line, log_tail
+from supervise.observe.logs import enospc_line, log_tail
 from supervise.thresholds import Thresholds
 
 WRITER = ROOT / "tests" / "ckpt_writer.py"
@@ -359,7 +359,7 @@ def test_a_disk_filling_up_is_caught_before_any_save_fails(tmpfs, tmp_path, writ
     assert found is not None, (st, w.log_path.read_text()[-2000:])
     assert alive and not failed, w.log_path.read_text()[-2000:]
     assert found.kind == "disk" and found.message.startswith("ANOMALY disk: free space = ")
-    from supervise.checkpoints import size
+    from supervise.observe.checkpoints import size
     step = max(c.step for c in st.checkpoints)
     assert found.step == step
     assert said.format(free=size(st.free_bytes), vol=vol, step=step, n=f"{(200 - step) / 10:.0f}") in found.message

@@ -44,7 +44,7 @@ def test_the_inverted_fault_is_the_flipped_eval_data_the_template_test_runs(tmp_
     pd = need("pandas")
     import importlib.util
 
-    from supervise.demo import flipped_data
+    from supervise.tools.demo import flipped_data
     args = flipped_data(tmp_path)
     assert args == ["--data", str(tmp_path / "train.csv"), "--eval-data", str(tmp_path / "eval.csv"), "--epochs", "3"]
     spec = importlib.util.spec_from_file_location("train_torch", ROOT / "templates" / "train_torch.py")

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from conftest import ROOT, need, run_script, start_script, wait_for_lines, wait_for_polls
-from supervise.judge import KINDS
+from supervise.judge.table import KINDS
 from supervise.thresholds import Thresholds
 
 SKILL = (ROOT / "SKILL.md").read_text()
@@ -36,8 +36,8 @@ def test_skill_leaves_room_under_its_limit():
 
 def _diverged(losses, start=None):
     """The step Diverged first fires at over step records with these losses, or None."""
-    from supervise.judge import RECORD_RULES
-    from supervise.rules import RecordRules
+    from supervise.judge.table import RECORD_RULES
+    from supervise.observe.records import RecordRules
     rules = RecordRules(TH, RECORD_RULES)
     rules.add({"event": "start", "t": 0, **(start or {})})
     for i, loss in enumerate(losses):
@@ -82,7 +82,7 @@ ALIVE = ("--no-sentinel", "--linger", "60")
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=lambda s: s.name)
 def test_a_stop_signal_is_stopped_exit_0_as_the_table_says(tmp_path, trainer, sig):
-    from supervise.watch import STOP_SIGNALS
+    from supervise.tools.watch import STOP_SIGNALS
     results = section(SKILL, "## What each result means", "## Healthy trajectory")
     stopped = [r for r in results.splitlines() if "`STOPPED: watchdog ended by" in r]
     assert len(stopped) == 1 and "watchdog exit 0" in stopped[0] and sig.name in stopped[0], stopped
@@ -194,7 +194,7 @@ def test_the_readme_table_numbers_skills_steps():
 
 
 def test_the_demo_labels_skills_steps():
-    from supervise import demo
+    from supervise.tools import demo
     src = inspect.getsource(demo._main)
     labels = re.findall(r"""(?:step|say)\(f?["'](\d)\. ([\w-]+)""", src)
     assert {int(n) for n, _ in labels} == set(range(1, 9)), labels
@@ -209,7 +209,7 @@ def test_step_numbers_in_the_references_point_at_skills_steps():
                7: ("check-in", "checkin"), 8: ("recover", "next:")}
     for n, words in subject.items():
         assert _step_of({"check-in": "check-in", "next:": "recover"}.get(words[0], words[0])) == n
-    from supervise import demo
+    from supervise.tools import demo
     texts = {p.name: p.read_text() for p in sorted((ROOT / "references").glob("*.md"))}
     texts["demo.py"] = inspect.getsource(demo)
     found = 0
@@ -225,7 +225,7 @@ def test_step_numbers_in_the_references_point_at_skills_steps():
 # --- 7. check-in's headlines ------------------------------------------------------------------
 
 def test_skill_and_checkin_help_list_the_same_verdicts():
-    from supervise.checkin import HEADLINES
+    from supervise.tools.checkin import HEADLINES
     said = re.search(r"Its first line is the verdict \(([^)]*)\)", SKILL.replace("\n", " ")).group(1)
     assert [x.strip(" `") for x in said.split(",")] == list(HEADLINES)
     rc, out, _ = run_script("checkin.py", "--help")
@@ -263,7 +263,7 @@ def test_every_kind_is_in_a_table_of_skill_or_a_linked_reference():
 
 @pytest.mark.parametrize("fault", [None, "dead", "nan"])
 def test_the_demo_writes_no_flipped_data_without_the_inverted_fault(tmp_path, fault):
-    from supervise import demo
+    from supervise.tools import demo
     args = demo.fault_args(fault, tmp_path)
     assert args == (["--lr", "1e4"] if fault == "nan" else [])
     assert list(tmp_path.iterdir()) == []
@@ -273,7 +273,7 @@ def test_the_demo_writes_no_flipped_data_without_the_inverted_fault(tmp_path, fa
 
 def test_the_inverted_fault_flips_the_eval_labels(tmp_path):
     need("pandas")
-    from supervise import demo
+    from supervise.tools import demo
     args = demo.fault_args("inverted", tmp_path)
     assert args[:4] == ["--data", str(tmp_path / "train.csv"), "--eval-data", str(tmp_path / "eval.csv")]
     assert (tmp_path / "train.csv").exists() and (tmp_path / "eval.csv").exists()

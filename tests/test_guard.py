@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, missing, need
-from supervise.guard import Call, call_from_hook, decide, installed_transformers
-from supervise.guard import main as guard_main
+from supervise.guard.hook import Call, call_from_hook, decide, installed_transformers
+from supervise.guard.hook import main as guard_main
 from supervise.vocabulary import QUIET
 
 Q = "HF_HUB_DISABLE_PROGRESS_BARS=1 TRANSFORMERS_VERBOSITY=error TOKENIZERS_PARALLELISM=false"
@@ -760,7 +760,7 @@ def test_bad_input_allows_and_never_crashes(raw):
 
 
 def test_hook_imports_neither_torch_nor_pandas():
-    code = ("import sys, io; sys.path.insert(0, %r); import supervise.guard as g; "
+    code = ("import sys, io; sys.path.insert(0, %r); import supervise.guard.hook as g; "
             "sys.stdin = io.StringIO('{\"tool_name\": \"Bash\", \"tool_input\": {\"command\": \"ls\"}}'); g.main(); "
             "assert 'torch' not in sys.modules and 'pandas' not in sys.modules and 'transformers' not in sys.modules"
             ) % str(ROOT)

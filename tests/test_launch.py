@@ -20,11 +20,11 @@ from bad_input import Result, assert_refused, replay, snapshot, user_folder
 from conftest import LAUNCHER, ROOT, as_run, assert_checkin_agrees, end_launched, keeps_writing, kind_of, launch, lines, \
     missing, pid_alive, polls, procs_with, records, run_script, start_script, stop, trainer_argv, wait_for, \
     wait_for_lines, wait_for_polls, watchdog_state
-from supervise import registry
-from supervise.launch import run_on_exit
-from supervise.probes import here_fields
-from supervise.recovery import watchdog_line
-from supervise.state import launch_alive, read_launch, typed_launch
+from supervise.observe import registry
+from supervise.act.launch import run_on_exit
+from supervise.observe.probes import here_fields
+from supervise.act.recovery import watchdog_line
+from supervise.observe.state import launch_alive, read_launch, typed_launch
 from supervise.vocabulary import LAUNCH
 
 
@@ -439,7 +439,7 @@ def test_alive_means_the_same_process_on_this_host():
 
 
 def read_proc_start() -> float:
-    from supervise.probes import process
+    from supervise.observe.probes import process
     return process(os.getpid()).create_time
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from conftest import missing
 
-from supervise.logs import (KILLED_NOT_OOM, cgroup_dir, is_fallout, kernel_oom_lines, killed_reason,
+from supervise.observe.logs import (KILLED_NOT_OOM, cgroup_dir, is_fallout, kernel_oom_lines, killed_reason,
                             last_error, log_tail, oom_kills, root_cause)
 
 DATA = Path(__file__).parent / "data"

@@ -24,8 +24,8 @@ import pytest
 
 from conftest import ROOT, STOPPER, WATCHDOG, end_launched, keeps_writing, kind_of, launch, missing, records, \
     wait_for_polls
-from supervise.probes import here
-from supervise.state import read_launch
+from supervise.observe.probes import here
+from supervise.observe.state import read_launch
 from torchrun_job import job  # noqa: F401  (the fixture)
 
 PLAIN = ROOT / "tests" / "resumable_loop.py"   # a plain loop with Telemetry, standard library only
@@ -115,7 +115,7 @@ def test_the_fields_are_left_out_where_proc_has_none(tmp_path):
 def test_here_without_its_own_proc_probes_no_recorded_pid(tmp_path):
     """``unshare --pid --fork`` without --mount-proc: /proc is the parent namespace's, so no pid
     recorded with a PID namespace is probed, not even one recorded in this very namespace."""
-    code = ("import sys, os, json; sys.path.insert(0, sys.argv[1]); from supervise.probes import here, locality;"
+    code = ("import sys, os, json; sys.path.insert(0, sys.argv[1]); from supervise.observe.probes import here, locality;"
             "me = here(); print(json.dumps([os.getpid(), me.proc_own, me.pid_ns == os.stat('/proc/self/ns/pid').st_ino,"
             " locality(me.host, me.pid_ns, me.boot_id, me), locality(me.host, None, None, me)]))")
     p = subprocess.run([UNSHARE, "--pid", "--fork", sys.executable, "-c", code, str(ROOT)],

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, attempts, end_launched, kind_of, launch, pid_alive, procs_with, run_script, wait_for
-from supervise.judge import BY_KIND, move_for
-from supervise.state import read_launch
+from supervise.judge.table import BY_KIND, move_for
+from supervise.observe.state import read_launch
 from supervise.thresholds import Thresholds
 from supervise.vocabulary import AS_IS, FIX_FIRST, MOVES, RELAUNCH, STOP_ASK, WATCH_ON
-from supervise.volumes import VolumeState, room_line, shortfall
+from supervise.observe.volumes import VolumeState, room_line, shortfall
 
 LOOP = ROOT / "tests" / "resumable_loop.py"
 BOUND = 180  # seconds: a hang, never a slow machine

@@ -6,11 +6,11 @@ import socket
 import pytest
 
 from conftest import missing
-from supervise import ranks as R
-from supervise.judge import KINDS
-from supervise.logs import root_cause
-from supervise.probes import Here, here
-from supervise.ranks import RankFiles, local_pids, rank_dead, rank_fatal, rank_hang, rank_lines, \
+from supervise.observe import ranks as R
+from supervise.judge.table import KINDS
+from supervise.observe.logs import root_cause
+from supervise.observe.probes import Here, here
+from supervise.observe.ranks import RankFiles, local_pids, rank_dead, rank_fatal, rank_hang, rank_lines, \
     root_cause_anomaly, straggler
 
 T0 = 1_800_000_000.0

@@ -1,4 +1,4 @@
-"""supervise.recovery: the relaunch line per anomaly kind, the watchdog's line beside it, and
+"""supervise.act.recovery: the relaunch line per anomaly kind, the watchdog's line beside it, and
 no_progress. The lines are checked by the real launch guard and by a real shell (tests/test_resume.py
 runs them on real templates)."""
 import json
@@ -10,10 +10,11 @@ import sys
 import pytest
 
 from conftest import ROOT, verdict_of
-from supervise import guard, recovery
-from supervise.judge import KINDS, RECORD_RULES, change_for, no_progress
-from supervise.recovery import relaunch_line, relaunch_plan, watchdog_line
-from supervise.rules import RecordRules
+from supervise.act import recovery
+from supervise.guard import hook as guard
+from supervise.judge.table import KINDS, RECORD_RULES, change_for, no_progress
+from supervise.act.recovery import relaunch_line, relaunch_plan, watchdog_line
+from supervise.observe.records import RecordRules
 from supervise.thresholds import Thresholds
 
 START = {"event": "start", "t": 0, "pid": 1, "run_id": "a" * 32, "attempt": 1, "world_size": 1,
@@ -287,7 +288,7 @@ def test_no_progress_after_three_relaunches_from_one_step(steps, current, fires)
 
 
 def test_recovery_imports_neither_torch_nor_pandas():
-    code = ("import sys; sys.path.insert(0, %r); import supervise.recovery; "
+    code = ("import sys; sys.path.insert(0, %r); import supervise.act.recovery; "
             "print(sorted(m for m in ('torch', 'pandas', 'numpy') if m in sys.modules))" % str(ROOT))
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.stdout.strip() == "[]", p.stderr

@@ -1,4 +1,4 @@
-"""Recovery on the real templates: SIGKILL mid-run, the relaunch line from supervise.recovery run
+"""Recovery on the real templates: SIGKILL mid-run, the relaunch line from supervise.act.recovery run
 verbatim through a shell, the watchdog beside it saying OK done for the new attempt; SIGKILL
 during checkpoint saves never leaves an unloadable file; two checkpoints at most; the loss after
 a resume continues the uninterrupted run's."""
@@ -15,7 +15,7 @@ import pytest
 
 from conftest import ROOT, attempts, end_group, launch_line, need, read_json, records, run_relaunch, shell, verdict_of, \
     wait_for
-from supervise.recovery import relaunch_line, watchdog_line
+from supervise.act.recovery import relaunch_line, watchdog_line
 from supervise.vocabulary import QUIET
 
 torch = need("torch")

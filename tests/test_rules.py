@@ -7,9 +7,9 @@ import re
 import pytest
 
 from conftest import anomaly_line
-from supervise.judge import BY_KIND, KINDS, RECORD_RULES, RULES, is_warning, judge
-from supervise.observation import Observation, Proc, Records, WatchdogSeen, frozen
-from supervise.rules import RecordRules
+from supervise.judge.table import BY_KIND, KINDS, RECORD_RULES, RULES, is_warning, judge
+from supervise.observe.observation import Observation, Proc, Records, WatchdogSeen, frozen
+from supervise.observe.records import RecordRules
 from supervise.thresholds import Thresholds
 from supervise.vocabulary import Anomaly
 
@@ -322,7 +322,7 @@ def test_every_kind_an_anomaly_is_made_with_is_a_row_of_the_table():
     import ast
     from pathlib import Path
     made = set()
-    for path in (Path(__file__).resolve().parents[1] / "supervise").glob("*.py"):
+    for path in (Path(__file__).resolve().parents[1] / "supervise").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "anomaly" and node.args \
                     and isinstance(node.args[0], ast.Constant):

@@ -1,4 +1,4 @@
-"""What a scan learned, kept beside watchdog.json (supervise/scan.py, issue 27 item 1): a fold
+"""What a scan learned, kept beside watchdog.json (supervise/observe/scan.py, issue 27 item 1): a fold
 resumed from the scan file equals the fold of every record (every record sequence of
 test_rules, split at every record, and through the engine on files); a NaN in the middle of a
 2,000,000-line file is named cold, warm after appends, after a truncation and after the file is
@@ -15,15 +15,15 @@ import pytest
 
 from conftest import SCRIPTS, run_script
 from test_rules import SEQUENCES, falling, fold, steps
-from supervise import scan as sc
+from supervise.observe import scan as sc
 from supervise.contract import atomic_write_json
-from supervise.engine import assess
-from supervise.judge import RECORD_RULES, judge
-from supervise.observation import Observation, Records, frozen
-from supervise.rules import RecordRules
+from supervise.judge.assess import assess
+from supervise.judge.table import RECORD_RULES, judge
+from supervise.observe.observation import Observation, Records, frozen
+from supervise.observe.records import RecordRules
 from supervise.thresholds import Thresholds
 from supervise.vocabulary import SCAN_STATE
-from supervise.watch import Watchdog
+from supervise.tools.watch import Watchdog
 
 TH = Thresholds()
 START = {"event": "start", "t": 0, "run_id": "r1", "num_labels": 2}
@@ -85,7 +85,7 @@ def look(run):
 
 class NoGpu:
     def read(self):
-        from supervise.probes import GpuReport
+        from supervise.observe.probes import GpuReport
         return GpuReport(note="no GPU: test")
 
 

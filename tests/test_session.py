@@ -15,7 +15,7 @@ from claude_client import Interactive, bash, client, skill_block
 from conftest import FAKE, ROOT, WATCHDOG, as_run, attempts, end_launched, keeps_writing, kind_of, lines, pid_alive, \
     procs_with, step_of, wait_for
 from fake_anthropic import FakeAnthropic, text_of
-from supervise.state import launch_alive, read_launch
+from supervise.observe.state import launch_alive, read_launch
 
 # the client ends its background tasks within seconds of its end (CLAUDE_CODE.md: gone 6 s
 # after the final answer); a trainer that still writes this many records (0.1 s apart) after

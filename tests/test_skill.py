@@ -7,12 +7,12 @@ import shlex
 import pytest
 
 from conftest import ROOT
-from supervise.judge import KINDS
+from supervise.judge.table import KINDS
 
 SKILL = (ROOT / "SKILL.md").read_text()
 DOCS = SKILL + "".join(p.read_text() for p in sorted((ROOT / "references").glob("*.md")))
 SCRIPTS = sorted(p.stem for p in (ROOT / "scripts").glob("*.py"))
-PARSERS = {"watchdog": "supervise.watch:build_parser"}
+PARSERS = {"watchdog": "supervise.tools.watch:build_parser"}
 
 
 def front_matter():
@@ -47,7 +47,8 @@ def test_every_anomaly_kind_is_documented_with_a_recovery(kind):
 
 def parser_of(script):
     """The script's real argparse parser, captured by running its main with --help."""
-    mod = importlib.import_module(f"supervise.{ {'watchdog': 'watch'}.get(script, script) }")
+    front = re.search(r"^from (supervise\.[\w.]+) import main", (ROOT / "scripts" / f"{script}.py").read_text(), re.M)
+    mod = importlib.import_module(front.group(1))   # the module the script is the front door of
     import argparse
     captured = {}
     real = argparse.ArgumentParser.parse_args
@@ -107,7 +108,7 @@ def launch_lines():
 @pytest.mark.parametrize("line", launch_lines())
 def test_the_launch_lines_are_the_launcher_on_one_line(line):
     assert " -- python -u " in line  # detached, outliving the session
-    from supervise.guard import Call, decide
+    from supervise.guard.hook import Call, decide
     for background in (False, True):
         assert decide(Call("Bash", line, background=background)) is None
     assert decide(Call("Bash", line.replace(" -- ", "\n-- "), background=True)).startswith("[one_line]")
@@ -154,7 +155,7 @@ def test_the_alarm_table_says_what_thresholds_holds():
 
 
 def test_the_alarm_table_names_every_kind():
-    from supervise.judge import KINDS
+    from supervise.judge.table import KINDS
     table = SKILL[SKILL.index("## Healthy trajectory"):SKILL.index("## Red flags")]
     assert [k for k in KINDS if f"`{k}`" not in table] == ["overfit"]   # a check-in warning, no alarm by default
 
@@ -164,8 +165,8 @@ def test_the_readmes_ok_done_example_has_the_lines_shape():
     import re
     readme = (ROOT / "README.md").read_text()
     (example,) = re.findall(r"^OK done: .*$", readme, re.M)
-    from supervise.judge import _done
-    from supervise.observation import Observation, Records
+    from supervise.judge.table import _done
+    from supervise.observe.observation import Observation, Records
     obs = Observation(now=12.0, watch_started=0.0, records=Records(start={"total_steps": 376, "attempt": 1}, last_step=376),
                       sentinel={"eval_auroc": 1, "eval_acc": 0.9983}, sentinel_name="final_val_metrics.json")
     assert _done(obs, ()).line == example

@@ -15,9 +15,9 @@ import pytest
 
 from conftest import ROOT, assert_checkin_agrees, kind_of, missing, need, read_json, step_of, wait_for
 from supervise.thresholds import Thresholds
-from supervise.slurm import SlurmJob, query, slurm_anomaly
-from supervise.watch import Watchdog
-from supervise.watch import run as run_watch
+from supervise.observe.slurm import SlurmJob, query, slurm_anomaly
+from supervise.tools.watch import Watchdog
+from supervise.tools.watch import run as run_watch
 
 DATA = Path(__file__).parent / "data"
 REC = DATA / "slurm"
@@ -452,7 +452,7 @@ def test_live_preemption_resubmission_queue_wait_then_ok_done(slurm, tmp_path):
     its preemption line are never judged again), then OK done, resumed from the last checkpoint."""
     import shlex
     from conftest import attempts, launch, run_script
-    from supervise.state import read_launch
+    from supervise.observe.state import read_launch
     cpus = str(os.cpu_count())
     run = tmp_path / "run"
     loop = ROOT / "tests" / "resumable_loop.py"

@@ -19,7 +19,7 @@ import pytest
 
 from conftest import ROOT, WATCHDOG, anomaly_line, assert_checkin_agrees, end_group, kind_of, launch_line, missing, \
     pid_alive, run_script, shell, wait_for, wait_for_lines
-from supervise import stacks as st
+from supervise.observe import stacks as st
 from supervise.telemetry import stack_signal
 
 HANG = ROOT / "tests" / "hang_loop.py"
@@ -292,7 +292,7 @@ def test_the_flight_recorder_variables_never_override_the_users(tmp_path):
 
 
 def test_the_launcher_sets_them_only_where_cuda_is(tmp_path, monkeypatch):
-    from supervise import launch as ln
+    from supervise.act import launch as ln
     show = [sys.executable, "-c", "import json, os; print(json.dumps({k: v for k, v in os.environ.items() "
             "if k.startswith(('TORCH_NCCL_', 'TORCH_FR_'))}))"]
     base = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_NCCL_", "TORCH_FR_"))}

@@ -7,9 +7,9 @@ import re
 import pytest
 
 from conftest import anomaly_line, run_script
-from supervise.judge import judge
-from supervise.observation import Observation, Proc, Records
-from supervise.rules import StallClock
+from supervise.judge.table import judge
+from supervise.observe.observation import Observation, Proc, Records
+from supervise.observe.records import StallClock
 from supervise.thresholds import Thresholds
 
 TH = Thresholds()

@@ -10,9 +10,9 @@ from conftest import WATCHDOG, assert_checkin_agrees, kind_of, missing, need, st
 
 need("torch")
 
-from supervise import probes  # noqa: E402
-from supervise.logs import cgroup_dir, kernel_oom_lines, killed_reason, last_error, log_tail, oom_kills, root_cause  # noqa: E402
-from supervise.ranks import local_pids, rank_dead, rank_hang, rank_lines, root_cause_anomaly, straggler  # noqa: E402
+from supervise.observe import probes  # noqa: E402
+from supervise.observe.logs import cgroup_dir, kernel_oom_lines, killed_reason, last_error, log_tail, oom_kills, root_cause  # noqa: E402
+from supervise.observe.ranks import local_pids, rank_dead, rank_hang, rank_lines, root_cause_anomaly, straggler  # noqa: E402
 from torchrun_job import TORCHRUN, job  # noqa: E402,F401  (job: the fixture)
 
 if not TORCHRUN.exists():

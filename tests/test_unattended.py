@@ -16,7 +16,7 @@ import pytest
 
 from conftest import LAUNCHER, ROOT, WATCHDOG, attempts, end_launched, kind_of, launch, pid_alive, procs_with, run_script, \
     shell, wait_for, wait_for_polls
-from supervise.state import read_launch
+from supervise.observe.state import read_launch
 
 LOOP = ROOT / "tests" / "resumable_loop.py"
 BOUND = 120  # seconds: a hang, never a slow machine

@@ -1,6 +1,6 @@
 """Users' own training scripts (tests/user_scripts/), each integrated with the documented lines
 only, through every step: smoke passes on the unmodified script; after a SIGKILL mid-run the
-relaunch line from supervise.recovery, run literally through a shell, continues from a
+relaunch line from supervise.act.recovery, run literally through a shell, continues from a
 checkpoint; after a NaN, the line with half the learning rate runs (or, where the learning rate
 is not a flag of the script, there is no line and the note says why).
 
@@ -19,8 +19,8 @@ import pytest
 
 from conftest import ROOT, attempts, end_group, launch_line, missing, need, records, run_relaunch, shell, verdict_of, \
     wait_for
-from supervise.guard import Call, decide
-from supervise.recovery import relaunch_plan
+from supervise.guard.hook import Call, decide
+from supervise.act.recovery import relaunch_plan
 from supervise.vocabulary import QUIET
 
 need("torch")

@@ -205,14 +205,14 @@ def _eight_hour_run(run, total=28800):
 def test_the_time_limit_comes_from_the_plan(hours, total, kind, tmp_path):
     """A healthy run projected at 8 h is not timed out at 3 h (v0.2's fixed 3 h limit); past
     1.5 x its projection + the startup grace it is; with no plan there is no limit."""
-    from supervise.engine import Observer
-    from supervise.judge import judge
+    from supervise.observe.observer import Observer
+    from supervise.judge.table import RECORD_RULES, judge
     from supervise.thresholds import Thresholds
     run = tmp_path / "run"
     t0 = _eight_hour_run(run, total)
     th = Thresholds(max_stall=1e9)
     clock = iter([t0, t0 + hours * 3600])
-    obs = Observer(run, th, clock=lambda: next(clock)).observe()
+    obs = Observer(run, th, RECORD_RULES, clock=lambda: next(clock)).observe()
     v = judge(obs, th)
     assert v.kind == kind, v.line
     if total:

@@ -11,11 +11,11 @@ import pytest
 
 from conftest import ROOT, assert_checkin_agrees, kind_of, run_script, start_script, wait_for
 from test_checkpoints import tmpfs  # noqa: F401  (the fixture: a real tmpfs of a given size)
-from supervise.judge import judge
-from supervise.logs import enospc_line
-from supervise.observation import Observation, Proc, Records
+from supervise.judge.table import judge
+from supervise.observe.logs import enospc_line
+from supervise.observe.observation import Observation, Proc, Records
 from supervise.thresholds import Thresholds
-from supervise.volumes import VolumeState, VolumeWatch, rule_ahead, rule_full
+from supervise.observe.volumes import VolumeState, VolumeWatch, rule_ahead, rule_full
 
 WRITER = ROOT / "tests" / "disk_writer.py"
 MB = 1_000_000

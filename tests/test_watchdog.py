@@ -12,11 +12,11 @@ import pytest
 
 from conftest import anomaly_line, assert_checkin_agrees, kind_of, read_json, run_script, start_script, wait_for_lines, \
     wait_for_polls
-from supervise import registry
-from supervise.judge import KINDS
-from supervise.probes import GpuReading, GpuReport
+from supervise.observe import registry
+from supervise.judge.table import KINDS
+from supervise.observe.probes import GpuReading, GpuReport
 from supervise.thresholds import Thresholds
-from supervise.watch import Watchdog, run
+from supervise.tools.watch import Watchdog, run
 
 FAST = ("--poll", "0.2", "--startup-grace", "5", "--max-stall", "30")
 ALIVE = ("--no-sentinel", "--linger", "60")  # the trainer stays alive: only the anomaly can end the watch

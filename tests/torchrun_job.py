@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from conftest import end_group, launch_line, missing, need, shell, wait_for
-from supervise.ranks import RankFiles
+from supervise.observe.ranks import RankFiles
 
 LOOP = Path(__file__).parent / "ddp_loop.py"
 TORCHRUN = Path(sys.executable).with_name("torchrun")

@@ -2,9 +2,9 @@
 
     observer = Observer(run_dir, thresholds)      # keeps offsets, first hits, pids seen alive
     obs = observer.observe()                      # records -> rules, processes, ranks, GPU, log
-    verdict = judge(obs, thresholds)              # pure: supervise/judge.py
+    verdict = judge(obs, thresholds)              # pure: supervise/judge/table.py
 
-``assess(run_dir)`` is one look (check-in, smoke, plot): the same observer and judge, once.
+``judge.assess.assess(run_dir)`` is one look (check-in, smoke, plot): the same observer and judge, once.
 The run's processes are found by themselves: ``--pid``, the launcher's record
 (``RUN_DIR/launch.json``), the start record's pid when it is this watchdog's to probe (the same
 host, and the same PID namespace and boot where the record names them: ``probes.locality``), and
@@ -20,21 +20,20 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from . import slurm as sl
-from .checkpoints import CheckpointWatch, checkpoint_dirs, choose_resume, declared_keep
-from .contract import TailReader, is_count, is_finite, read_json, why_unreadable
-from .judge import KINDS, RECORD_RULES, judge
-from .logs import cgroup_dir, kernel_oom_lines, killed_reason, last_error, log_tail, oom_kills, oom_line, root_cause
-from .observation import Observation, Proc, Records, WatchdogSeen, frozen
-from .probes import Nvml, ProcessWatch, born_after, cpu_seconds, disk_free, here, log_writers, process, runs_where, \
+from supervise.observe import slurm as sl
+from supervise.observe.checkpoints import CheckpointWatch, checkpoint_dirs, choose_resume, declared_keep
+from supervise.contract import TailReader, is_count, is_finite, read_json, why_unreadable
+from supervise.observe.logs import cgroup_dir, kernel_oom_lines, killed_reason, last_error, log_tail, oom_kills, oom_line, root_cause
+from supervise.observe.observation import Observation, Proc, Records, WatchdogSeen, frozen
+from supervise.observe.probes import Nvml, ProcessWatch, born_after, cpu_seconds, disk_free, here, log_writers, process, runs_where, \
     same_process, same_start
-from .ranks import RankFiles, local_pids, rank_where
-from .rules import RecordRules
-from .scan import Scan
-from .state import WatchState, read_launch, where_launched
-from .thresholds import Thresholds
-from .volumes import VolumeWatch, explained_bytes
-from .vocabulary import GONE, LAUNCH, LOG, METRICS, SENTINEL, WATCHDOG_STATE
+from supervise.observe.ranks import RankFiles, local_pids, rank_where
+from supervise.observe.records import RecordRules
+from supervise.observe.scan import Scan
+from supervise.observe.state import read_launch, where_launched
+from supervise.thresholds import Thresholds
+from supervise.observe.volumes import VolumeWatch, explained_bytes
+from supervise.vocabulary import GONE, LAUNCH, LOG, METRICS, SENTINEL
 
 SCAN_EVERY = 10        # polls between /proc scans for new train.log writers while the run lives
 LOG_LINES = 200
@@ -50,9 +49,11 @@ def _mtime(path: Path) -> Optional[float]:
 class Observer:
     """The state one watchdog keeps between polls; ``observe()`` is one poll. ``gpu`` is any
     object with ``read() -> probes.GpuReport`` (NVML by default; tests inject one). ``one_shot``
-    is check-in's look: a cheap read of the head and tail, no relaunch grace."""
+    is check-in's look: a cheap read of the head and tail, no relaunch grace. ``record_rules``: the
+    RecordRule classes the records are folded with (the judge's table gives them:
+    ``judge.table.RECORD_RULES``); the observer keeps their first hits, the judge reads them."""
 
-    def __init__(self, run_dir, thresholds: Thresholds = Thresholds(), pids=(), log=None,
+    def __init__(self, run_dir, thresholds: Thresholds = Thresholds(), record_rules: tuple = (), pids=(), log=None,
                  sentinel: str = SENTINEL, gpu=None, num_labels_given: bool = False, clock=time.time,
                  one_shot: bool = False, slurm_job: Optional[str] = None, slurm_runner=None,
                  notable: bool = True, checkpoint_dirs: tuple = (), watchdog_state=None, keep_scan: bool = True,
@@ -66,9 +67,9 @@ class Observer:
         self.metrics = self.run_dir / METRICS
         self.reader = TailReader(str(self.metrics)) if not one_shot else \
             TailReader(str(self.metrics), notable=notable, head=32 << 10, tail=64 << 10)
-        self.rules = RecordRules(thresholds, RECORD_RULES, num_labels_given)
+        self.rules = RecordRules(thresholds, record_rules, num_labels_given)
         # what a scan learned, kept beside watchdog.json (scan.py): the next look reads what was appended
-        self.scan = Scan(self.run_dir, self.metrics, thresholds, RECORD_RULES, num_labels_given) if keep_scan else None
+        self.scan = Scan(self.run_dir, self.metrics, thresholds, record_rules, num_labels_given) if keep_scan else None
         self.gpu = gpu
         self.clock = clock
         self.one_shot = one_shot
@@ -360,7 +361,7 @@ class Observer:
         if wd is None:
             return None
         alive = bool(wd.watchdog_pid) and same_process(wd.watchdog_pid, wd.watchdog_create_time)
-        ended = wd.verdict_on_run and (wd.state != "anomaly" or wd.kind in KINDS)
+        ended = wd.verdict_on_run
         same = (wd.run_id == start.get("run_id") and wd.attempt == start.get("attempt")
                 and (wd.launch_pid is None or launch is None or wd.launch_pid == launch["pid"])
                 and not (launch is not None and is_finite(wd.last_poll) and launch["launched_at"] > wd.last_poll))
@@ -469,24 +470,3 @@ class Observer:
         if self.scan is not None:
             self.scan.keep(self.reader, self.rules, now, force=self.one_shot)
         return obs
-
-
-def assess(run_dir, thresholds: Optional[Thresholds] = None, gpu=None, pids=(),
-           slurm_job: Optional[str] = None) -> tuple:
-    """One look at the run as it is now, judged by the watchdog's rules: (observer, observation,
-    verdict). It reads the run's watchdog.json first: the thresholds, Slurm job and checkpoint
-    folders of its watchdog (unless given), whether it lives (a live watchdog has seen the middle
-    of the file: the look reads its head and tail only) and the verdict it ended on, which is
-    the verdict while it is about the same attempt (it saw every record; one look may not)."""
-    wd = WatchState.from_json(read_json(Path(run_dir) / WATCHDOG_STATE))
-    th = thresholds or Thresholds.from_dict(wd.thresholds if wd else None)
-    th = dataclasses.replace(th, orphan_grace=0.0, rank_grace=0.0)
-    flags = wd.argv if wd else []
-    ckpt_dirs = tuple(v for k, v in zip(flags, flags[1:]) if k == "--checkpoint-dir")
-    watched = bool(wd and wd.watchdog_pid and wd.state in ("watching", "finishing")
-                   and same_process(wd.watchdog_pid, wd.watchdog_create_time))
-    observer = Observer(run_dir, th, pids=pids, gpu=gpu, one_shot=True, slurm_job=slurm_job or (wd.slurm_job if wd else None),
-                        notable=not watched, checkpoint_dirs=ckpt_dirs, watchdog_state=wd)
-    obs = observer.observe()
-    return observer, obs, judge(obs, th)
-

@@ -24,8 +24,8 @@ import re
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from .logs import last_error, log_tail, oom_line, root_cause
-from .vocabulary import Anomaly, anomaly
+from supervise.observe.logs import last_error, log_tail, oom_line, root_cause
+from supervise.vocabulary import Anomaly, anomaly
 
 TIMEOUT_S = 10.0
 SQUEUE_FORMAT = "JobID:|,State:|,Reason:|,NodeList:|,STDOUT:|,Name:|"

@@ -15,9 +15,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from .cli import Parser, UsageError, count, duration, front_door, positive_float, positive_int
-from .contract import TailReader, is_finite, kind_of
-from .vocabulary import EXIT_ANOMALY, EXIT_OK, METRICS, QUIET
+from supervise.cli import Parser, UsageError, count, duration, front_door, positive_float, positive_int
+from supervise.contract import TailReader, is_finite, kind_of
+from supervise.vocabulary import BUNDLE, EXIT_ANOMALY, EXIT_OK, METRICS, QUIET
 
 
 def progress(msg: str) -> None:
@@ -285,7 +285,7 @@ def _main(p, a) -> int:
             model=a.model, task=a.task, num_labels=a.num_labels, seq_len=a.seq_len, batch=a.batch, steps=a.steps,
             warmup=a.warmup, precision=a.precision, device=a.device)
     except ImportError as e:
-        bundle = shlex.quote(str(Path(__file__).resolve().parents[1]) + "[hf]")
+        bundle = shlex.quote(str(BUNDLE) + "[hf]")
         raise UsageError(f"model mode needs torch and transformers ({e.name} missing): pip install -e "
               f"{bundle} and a torch build for your GPU")
     except (ValueError, OSError) as e:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping, Optional
 
-from .vocabulary import EXIT_ANOMALY, EXIT_OK, GONE
+from supervise.vocabulary import EXIT_ANOMALY, EXIT_OK, GONE
 
 EMPTY: Mapping = MappingProxyType({})
 
@@ -80,7 +80,8 @@ class WatchdogSeen:
     """The run's watchdog as its watchdog.json says, seen by a one-shot look (check-in, plot).
 
     ``alive``: that process still runs (its pid, and its start time when recorded). ``ended``:
-    it ended on a verdict about the run (done, an anomaly, a stop by stop.py), not on a signal to
+    it ended on a verdict (done, an anomaly, a stop by stop.py; ``judge.table.watchdog_ended``
+    says whether it is about the run), not on a signal to
     itself; ``same_attempt``: that verdict is about the attempt the records show now (run_id,
     attempt and launch pid agree), so it is the verdict."""
 

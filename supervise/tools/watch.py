@@ -20,20 +20,21 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from . import registry, slurm as sl, stacks as st
-from .cli import Parser, UsageError, front_door, count, duration, fraction, positive_float, positive_int, run_dir_arg
-from .contract import atomic_write_json, read_json, why_unreadable, why_unwritable
-from .engine import Observer
-from .judge import judge
-from .launch import run_on_exit, session_id
-from .observation import Verdict
-from .probes import process
-from .state import WatchState
-from .thresholds import Thresholds
-from .vocabulary import LOG, METRICS, SENTINEL, WATCHDOG_LOG, WATCHDOG_STATE
+from supervise.observe import registry
+from supervise.observe import slurm as sl
+from supervise.observe import stacks as st
+from supervise.cli import Parser, UsageError, front_door, count, duration, fraction, positive_float, positive_int, run_dir_arg
+from supervise.contract import atomic_write_json, read_json, why_unreadable, why_unwritable
+from supervise.observe.observer import Observer
+from supervise.judge.table import RECORD_RULES, judge
+from supervise.act.launch import run_on_exit, session_id
+from supervise.observe.observation import Verdict
+from supervise.observe.probes import process
+from supervise.observe.state import WatchState
+from supervise.thresholds import Thresholds
+from supervise.vocabulary import BUNDLE, LOG, METRICS, SENTINEL, WATCHDOG_LOG, WATCHDOG_STATE
 
 LOCK = ".watchdog.lock"
-BUNDLE = Path(__file__).resolve().parents[1]
 
 
 class Watchdog:
@@ -41,7 +42,7 @@ class Watchdog:
 
     def __init__(self, run_dir, thresholds: Thresholds = Thresholds(), stacks: bool = True, native: bool = False,
                  **observer):
-        self.observer = Observer(run_dir, thresholds, **observer)
+        self.observer = Observer(run_dir, thresholds, RECORD_RULES, **observer)
         self.stacks, self.native = stacks, native   # capture a hang's stacks (py-spy --native when native)
         self.capture: Optional[st.Capture] = None
         self.saving: Optional[float] = None         # quiet_since of the silence the stacks showed a save in

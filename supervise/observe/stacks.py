@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from .vocabulary import GONE
+from supervise.vocabulary import PACKAGE, GONE
 
 STACKS = "stacks"                 # RUN_DIR/stacks/: one file per process per capture
 LIVE = ".live"                    # RUN_DIR/stacks/.live/pid-<PID>.txt: the in-process handlers' files
@@ -59,7 +59,7 @@ DATALOADER_WAITS = {"_next_data", "__next__", "_get_data", "_try_get_data"}
 SAVES = {"save", "_save", "save_file", "save_pretrained", "save_checkpoint", "_save_checkpoint", "save_model",
          "save_state", "_save_to_state_dict"}   # torch.save, safetensors, transformers, accelerate, Lightning
 LIBRARY = re.compile(r"[/\\](site|dist)-packages[/\\]|[/\\]lib[/\\]python\d+(\.\d+)*t?[/\\]|^<")
-OURS = str(Path(__file__).resolve().parent) + os.sep
+OURS = str(PACKAGE) + os.sep
 
 
 # ---------------------------------------------------------------------------- what was found

@@ -15,9 +15,9 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Optional
 
-from .cli import Parser, UsageError, bounded_int, duration, front_door, positive_int
-from .contract import atomic_write_json
-from .vocabulary import EXIT_OK
+from supervise.cli import Parser, UsageError, bounded_int, duration, front_door, positive_int
+from supervise.contract import atomic_write_json
+from supervise.vocabulary import EXIT_OK
 
 MAX_ROW = 1 << 20  # bytes; a bigger row is a reason, not a crash
 CHUNK = 256

@@ -31,13 +31,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from . import ranks as rk, rules as rr, volumes as vol
-from .checkpoints import remaining_saves, rule_disk as disk_ahead
-from .logs import ENOSPC, enospc_line, is_environment, is_fallout, last_error, oom_line
-from .observation import Observation, Verdict
-from .slurm import slurm_anomaly
-from .thresholds import Thresholds
-from .vocabulary import AS_IS, FIX_FIRST, RELAUNCH, STOP_ASK, WATCH_ON, Anomaly, anomaly, secs
+from supervise.observe import ranks as rk
+from supervise.observe import records as rr
+from supervise.observe import volumes as vol
+from supervise.observe.checkpoints import remaining_saves, rule_disk as disk_ahead
+from supervise.observe.logs import ENOSPC, enospc_line, is_environment, is_fallout, last_error, oom_line
+from supervise.observe.observation import Observation, Verdict
+from supervise.observe.slurm import slurm_anomaly
+from supervise.thresholds import Thresholds
+from supervise.vocabulary import AS_IS, FIX_FIRST, RELAUNCH, STOP_ASK, WATCH_ON, Anomaly, anomaly, secs
 
 # How near the end of the log an error must be to be the process's last word (lines after it).
 LAST_WORDS = 40
@@ -373,7 +375,7 @@ def _stacked(check, keep_fix: bool = False):
             return found
         what, fix = found.message[len(f"ANOMALY {found.kind}: "):at], found.message[at + len(tail):].rstrip(".")
         then = fix[0].lower() + fix[1:] if keep_fix and fix else ""
-        from .stacks import hang_fix   # only once a capture exists: off every look's start-up
+        from supervise.observe.stacks import hang_fix   # only once a capture exists: off every look's start-up
         return anomaly(found.kind, what, found.step, hang_fix(obs.hang, fix, then))
     named.__name__ = check.__name__
     return named
@@ -550,11 +552,17 @@ def _stall_due_in(obs: Observation) -> float:
     return min(left + 0.25, obs.stall_soonest) if left > 0 else 0.0
 
 
+def watchdog_ended(w) -> bool:
+    """The run's watchdog (``Observation.watchdog``) ended on a verdict about the run: done, a
+    stop, or an anomaly of a kind of this table (not a failure of its own)."""
+    return w is not None and w.ended and (w.state != "anomaly" or w.kind in KINDS)
+
+
 def _watchdog_verdict(obs: Observation, th: Thresholds, notes: tuple, warnings: tuple) -> Optional[Verdict]:
     """The verdict a watchdog of this same attempt ended on (a one-shot look renders it: the
     watchdog saw every record and every poll), unless a newer launch has begun since."""
     w = obs.watchdog
-    if w is None or not w.ended or not w.same_attempt or obs.relaunch is not None:
+    if not watchdog_ended(w) or not w.same_attempt or obs.relaunch is not None:
         return None
     if w.state == "anomaly":
         a = Anomaly(w.kind, w.step, w.message)

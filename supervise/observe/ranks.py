@@ -27,11 +27,11 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Mapping, Optional
 
-from .contract import TailReader, is_count, is_finite
-from .logs import RootCause, oom_line
-from .probes import ANOTHER_BOOT, ANOTHER_HOST, ANOTHER_PID_NS, Here, here, locality
-from .rules import median
-from .vocabulary import GONE, Anomaly, anomaly, secs
+from supervise.contract import TailReader, is_count, is_finite
+from supervise.observe.logs import RootCause, oom_line
+from supervise.observe.probes import ANOTHER_BOOT, ANOTHER_HOST, ANOTHER_PID_NS, Here, here, locality
+from supervise.observe.records import median
+from supervise.vocabulary import GONE, Anomaly, anomaly, secs
 
 MAX_READ = 64 << 10       # bytes read from one rank file per poll (the rest is skipped, oldest first)
 FIRST_READ = 32 << 10     # bytes read from the end of a rank file the first time it is seen

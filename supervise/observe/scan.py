@@ -33,11 +33,11 @@ from collections import deque
 from pathlib import Path
 from typing import Optional
 
-from . import __version__
-from .contract import atomic_write_json, is_number, open_regular
-from .rules import RecordRules
-from .thresholds import Thresholds
-from .vocabulary import SCAN_STATE, Anomaly
+from supervise import __version__
+from supervise.contract import atomic_write_json, is_number, open_regular
+from supervise.observe.records import RecordRules
+from supervise.thresholds import Thresholds
+from supervise.vocabulary import SCAN_STATE, Anomaly
 
 FORMAT = 1
 KIND = "supervising-training-runs scan"
@@ -178,10 +178,11 @@ def restore_fold(rules: RecordRules, state) -> None:
 def _code() -> str:
     """Which code folded: the package version and a checksum of the rules' and contract's sources."""
     crc = 0
-    here = Path(__file__).parent
-    for name in ("rules.py", "contract.py", "scan.py"):
+    from supervise import contract
+    from supervise.observe import records
+    for path in (records.__file__, contract.__file__, __file__):
         try:
-            with open(here / name, "rb") as f:
+            with open(path, "rb") as f:
                 crc = zlib.crc32(f.read(), crc)
         except OSError:
             return __version__

@@ -31,11 +31,10 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from .checkpoints import checkpoint_dirs, resume_choice
-from .observation import Verdict
-from .vocabulary import ENV, HPARAMS, PYTHON
+from supervise.observe.checkpoints import checkpoint_dirs, resume_choice
+from supervise.observe.observation import Verdict
+from supervise.vocabulary import BUNDLE, HPARAMS, PYTHON
 
-BUNDLE = Path(__file__).resolve().parents[1]
 CHECKPOINT = "{checkpoint}"
 
 
@@ -262,7 +261,7 @@ def relaunch_plan(start: dict, verdict: Verdict, run_dir, *, python: Optional[st
                   checkpoint: Optional[str] = None, first_bad_step: Optional[int] = None,
                   window_s: Optional[float] = None, sbatch: Optional[list] = None) -> tuple[Optional[str], str]:
     """(the relaunch line or None, a note). The line is one physical line the agent runs as is
-    (it passes supervise.guard and returns at once): ``cd CWD && PY scripts/launch.py RUN
+    (it passes supervise.guard.hook and returns at once): ``cd CWD && PY scripts/launch.py RUN
     --replace [--window W] [--env K=V] -- LAUNCHER ARGV RESUME`` with the change the verdict
     calls for (``verdict.change``, the rule table's). Every attempt is a launch: the launcher stops the folder's live trainer first
     (``--replace``), starts the new one detached (own session, stdin /dev/null, appended to

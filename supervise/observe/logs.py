@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, NamedTuple, Optional
 
-from .contract import tail_lines
+from supervise.contract import tail_lines
 
 # HF progress bars and weight-loading chatter bury the real error (references/gotchas.md).
 NOISE = re.compile(r"it/s|s/it|Materializing|Loading weights|^\s*\d+%\|")

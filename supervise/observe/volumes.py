@@ -32,9 +32,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
-from .checkpoints import mount_point, size
-from .thresholds import Thresholds
-from .vocabulary import WATCHDOG_LOG, WATCHDOG_STATE, Anomaly, anomaly, secs
+from supervise.observe.checkpoints import mount_point, size
+from supervise.thresholds import Thresholds
+from supervise.vocabulary import WATCHDOG_LOG, WATCHDOG_STATE, Anomaly, anomaly, secs
 
 MB = 1e6
 RESOLUTION = 1e6       # bytes: a change of free space under this between two readings is noise, not a write

@@ -27,11 +27,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable, Optional, Sequence, Union
 
-from .contract import open_regular, read_json
-from .probes import disk_usage
-from .rules import median
-from .thresholds import Thresholds
-from .vocabulary import Anomaly, anomaly
+from supervise.contract import open_regular, read_json
+from supervise.observe.probes import disk_usage
+from supervise.observe.records import median
+from supervise.thresholds import Thresholds
+from supervise.vocabulary import Anomaly, anomaly
 
 TORN = "still being written or torn"
 SETTLE = 1.0           # s a complete save must stay before it shows that the run keeps its saves

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from .cli import Parser, UsageError, duration, fraction, front_door, positive_float, positive_int, run_dir_arg
-from .checkpoints import run_checkpoints
-from .contract import is_finite, read_json, read_run, validate_file, why_unreadable
-from .guard import V4_ARGS
-from .vocabulary import EXIT_ANOMALY, EXIT_OK, LOG, METRICS, QUIET, SENTINEL
+from supervise.cli import Parser, UsageError, duration, fraction, front_door, positive_float, positive_int, run_dir_arg
+from supervise.observe.checkpoints import run_checkpoints
+from supervise.contract import is_finite, read_json, read_run, validate_file, why_unreadable
+from supervise.guard.hook import V4_ARGS
+from supervise.vocabulary import EXIT_ANOMALY, EXIT_OK, LOG, METRICS, QUIET, SENTINEL
 
 
 @dataclass
@@ -321,8 +321,8 @@ def run_command(run_dir: Path, command: list[str], timeout: float, env: Optional
             return Row("command", False, f"still running after {timeout:.0f}s: a smoke run should take minutes")
     took = time.time() - t0
     if p.returncode != 0:
-        from .logs import log_tail
-        from .logs import last_error
+        from supervise.observe.logs import log_tail
+        from supervise.observe.logs import last_error
         err = last_error(log_tail(run_dir / "train.log")) or f"exit {p.returncode}"
         return Row("command", False, f"exit {p.returncode} after {took:.0f}s: {err[:200]}")
     return Row("command", True, f"exit 0 after {took:.0f}s")
@@ -364,7 +364,7 @@ def run_resumed(run_dir: Path, command: list[str], timeout: float) -> list[Row]:
     record lies at most one logging interval after it). A script whose start record declares no
     recipe runs to its end once, and the resume row is a SKIP that says so."""
     import signal
-    from .recovery import recipe, resume_words, with_resume
+    from supervise.act.recovery import recipe, resume_words, with_resume
     log_path = run_dir / LOG
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -401,8 +401,8 @@ def run_resumed(run_dir: Path, command: list[str], timeout: float) -> list[Row]:
     start0 = start0 or _this_start(run_dir, before) or {}
     if not killed or not saved:
         if not killed:
-            from .logs import log_tail
-            from .logs import last_error
+            from supervise.observe.logs import log_tail
+            from supervise.observe.logs import last_error
             err = "" if p.returncode == 0 else ": " + (last_error(log_tail(log_path)) or f"exit {p.returncode}")[:200]
             ran = Row("command", p.returncode == 0, f"exit {p.returncode} after {took:.0f}s{err}")
         else:
@@ -441,7 +441,7 @@ def run_resumed(run_dir: Path, command: list[str], timeout: float) -> list[Row]:
 
 def check_verdict(run_dir: Path) -> Row:
     """The watchdog's engine on the finished smoke run: the same verdict a watchdog would give."""
-    from .engine import assess
+    from supervise.judge.assess import assess
     v = assess(run_dir)[2]
     if v.state == "anomaly":
         return Row("verdict", False, v.line[:300])

@@ -17,10 +17,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .cli import Parser, UsageError, duration, front_door, run_dir_arg
-from .probes import group_members, process, same_process
-from .state import read_launch, update_launch, where_launched
-from .vocabulary import EXIT_ANOMALY, EXIT_OK, LAUNCH
+from supervise.cli import Parser, UsageError, duration, front_door, run_dir_arg
+from supervise.observe.probes import group_members, process, same_process
+from supervise.observe.state import read_launch, update_launch, where_launched
+from supervise.vocabulary import EXIT_ANOMALY, EXIT_OK, LAUNCH
 
 GRACE_S = 30.0
 KILL_WAIT_S = 10.0   # after SIGKILL: only a process stuck in the kernel (state D) takes longer
@@ -100,7 +100,7 @@ def stop(run_dir, grace_s: float = GRACE_S, *, by: str = "stop.py", clock=time.m
 def _cancel(run: Path, job_id: str, by: str) -> Stopped:
     """``scancel`` of the folder's Slurm job, recorded like a stop."""
     import subprocess
-    from .slurm import query
+    from supervise.observe.slurm import query
     if query(job_id).finished:
         return Stopped(EXIT_OK, f"Slurm job {job_id} has already ended; nothing to stop")
     with contextlib.suppress(OSError, UsageError):

@@ -7,7 +7,7 @@ import os
 import time
 from pathlib import Path
 
-from .contract import atomic_write_json, read_json
+from supervise.contract import atomic_write_json, read_json
 
 KEEP = 100
 

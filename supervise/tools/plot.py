@@ -10,10 +10,10 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from .cli import Parser, UsageError, front_door, run_dir_arg
-from .contract import is_finite, read_run, why_unreadable
-from .engine import assess
-from .vocabulary import EXIT_OK, METRICS
+from supervise.cli import Parser, UsageError, front_door, run_dir_arg
+from supervise.contract import is_finite, read_run, why_unreadable
+from supervise.judge.assess import assess
+from supervise.vocabulary import EXIT_OK, METRICS
 
 MAX_POINTS = 4000
 

@@ -10,7 +10,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .vocabulary import GONE
+from supervise.vocabulary import GONE
 
 PROC = os.path.isdir("/proc/self")
 try:

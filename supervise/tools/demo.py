@@ -15,15 +15,14 @@ import sys
 import time
 from pathlib import Path
 
-from .checkin import summary
-from .cli import Parser, UsageError, duration, front_door
-from .contract import is_finite, read_json
-from .plot import plot as plot_png
-from .state import launch_alive, read_launch
-from .stop import stop
-from .vocabulary import EXIT_ANOMALY, EXIT_OK, METRICS, QUIET as GUARD_QUIET, SENTINEL
+from supervise.tools.checkin import summary
+from supervise.cli import Parser, UsageError, duration, front_door
+from supervise.contract import is_finite, read_json
+from supervise.tools.plot import plot as plot_png
+from supervise.observe.state import launch_alive, read_launch
+from supervise.act.stop import stop
+from supervise.vocabulary import BUNDLE as ROOT, EXIT_ANOMALY, EXIT_OK, METRICS, QUIET as GUARD_QUIET, SENTINEL
 
-ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE = "train_torch.py"
 QUIET = {"PYTHONUNBUFFERED": "1", **GUARD_QUIET}  # what the launch hooks ask of a training launch
 MARKER = ".supervise-demo"  # written into every folder the demo creates: only those may it remove

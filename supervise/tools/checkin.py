@@ -11,16 +11,17 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from . import registry
-from .checkpoints import resume_lines
-from .cli import Parser, UsageError, count, front_door
-from .contract import atomic_write_text, is_number
-from .engine import assess
-from .ranks import rank_lines
-from .recovery import fresh_plan, moved_flags, relaunch_plan, stop_line, watchdog_line
-from .state import launch_alive, typed_launch
-from .volumes import room_line
-from .vocabulary import AS_IS, EXIT_OK, FIX_FIRST, METRICS, PYTHON, STOP_ASK, WATCH_ON
+from supervise.observe import registry
+from supervise.observe.checkpoints import resume_lines
+from supervise.cli import Parser, UsageError, count, front_door
+from supervise.contract import atomic_write_text, is_number
+from supervise.judge.assess import assess
+from supervise.judge.table import watchdog_ended
+from supervise.observe.ranks import rank_lines
+from supervise.act.recovery import fresh_plan, moved_flags, relaunch_plan, stop_line, watchdog_line
+from supervise.observe.state import launch_alive, typed_launch
+from supervise.observe.volumes import room_line
+from supervise.vocabulary import AS_IS, EXIT_OK, FIX_FIRST, METRICS, PYTHON, STOP_ASK, WATCH_ON
 
 LIMIT = 1500
 HEADLINES = ("RUNNING healthy", "STARTING", "FINISHING", "DONE", "ANOMALY <kind>", "NOT STARTED", "STOPPED")
@@ -213,7 +214,7 @@ def gather(run_dir: Path, k: int = 5, now: Optional[float] = None, gpu=None) -> 
         "final": dict(obs.sentinel) if verdict.state == "done" and obs.sentinel else None,
         "watchdog": None if wd is None else {
             "pid": wd.pid, "alive": wd.alive, "state": wd.state, "ended_by": wd.ended_by or None,
-            "verdict": (wd.headline or wd.state) if wd.ended else None,
+            "verdict": (wd.headline or wd.state) if watchdog_ended(wd) else None,
             "last_poll_age_s": now - wd.last_poll if wd.last_poll is not None else None,
             "bad_lines": wd.bad_lines},
         "process": None if proc is None else {
@@ -362,7 +363,7 @@ def _main(a) -> int:
                   f"{Path.cwd()}); pass RUN_DIR")
     facts = gather(run_dir, a.lines)
     if a.plot:
-        from .plot import plot
+        from supervise.tools.plot import plot
         facts["plot"] = plot(run_dir)
     text = bounded_json(facts) if a.json else render(facts) + (f"\nplot: {facts['plot']}" if a.plot else "")
     print(text, flush=True)

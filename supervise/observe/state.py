@@ -16,10 +16,10 @@ from typing import Optional
 
 from pathlib import Path
 
-from .cli import UsageError
-from .contract import atomic_write_json, is_number, read_json
-from .probes import runs_where, same_process
-from .vocabulary import LAUNCH
+from supervise.cli import UsageError
+from supervise.contract import atomic_write_json, is_number, read_json
+from supervise.observe.probes import runs_where, same_process
+from supervise.vocabulary import LAUNCH
 
 FINAL = ("done", "anomaly", "stopped")   # states a watchdog ends in
 

@@ -15,10 +15,10 @@ import re
 from collections import deque
 from typing import Optional
 
-from .contract import is_finite, kind_of
-from .logs import is_fallout
-from .thresholds import Thresholds
-from .vocabulary import Anomaly, anomaly, secs, shown
+from supervise.contract import is_finite, kind_of
+from supervise.observe.logs import is_fallout
+from supervise.thresholds import Thresholds
+from supervise.vocabulary import Anomaly, anomaly, secs, shown
 
 
 def median(values):

@@ -22,9 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from .vocabulary import PYTHON, QUIET
+from supervise.vocabulary import BUNDLE, PYTHON, QUIET
 
-BUNDLE = Path(__file__).resolve().parents[1]
 OWN_SCRIPTS = re.compile(r"(^|/)scripts/(watchdog|checkin|bench|audit|smoke|plot|demo|launch|stop)\.py$")
 LAUNCHERS = {"torchrun", "deepspeed"}
 SCHEDULERS = {"sbatch"}  # a batch job detaches by design: a launch that needs no run_in_background
@@ -377,7 +376,7 @@ def rule_notified(call: Call) -> Optional[str]:
 
 
 def _launcher_form() -> str:
-    from .launch import launcher_line  # the deny path only: the hook's hot path stays small
+    from supervise.act.launch import launcher_line  # the deny path only: the hook's hot path stays small
     return launcher_line("RUN_DIR", "TRAINING_COMMAND")
 
 
@@ -681,7 +680,7 @@ def detach_fix(command: str, _depth: int = 0, _split: Optional[list] = None) -> 
     ``disown`` and the ``&`` that ended a launch dropped, the other steps kept. None when it cannot
     be derived (also for a command substitution, or past MAX_NEST levels of -c strings). ``_split``:
     ``_raw_items(command)`` when the caller has it."""
-    from .launch import launcher_line  # the deny path only: the hook's hot path stays small
+    from supervise.act.launch import launcher_line  # the deny path only: the hook's hot path stays small
     if _depth > MAX_NEST or SUBSTITUTION.search(command):
         return None
     try:

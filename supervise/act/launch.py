@@ -47,16 +47,16 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from . import registry, stacks as st
-from .cli import CommandParser, UsageError, duration, front_door, run_dir_arg
-from .contract import atomic_write_json, is_number, why_unreadable, why_unwritable
-from .probes import here_fields, log_writers, process
-from .recovery import watchdog_line
-from .state import launch_alive, read_launch, update_launch
-from .vocabulary import ENV, EXIT_OK, LAUNCH, LOG, ON_EXIT_LOG
+from supervise.observe import registry
+from supervise.observe import stacks as st
+from supervise.cli import CommandParser, UsageError, duration, front_door, run_dir_arg
+from supervise.contract import atomic_write_json, is_number, why_unreadable, why_unwritable
+from supervise.observe.probes import here_fields, log_writers, process
+from supervise.act.recovery import watchdog_line
+from supervise.observe.state import launch_alive, read_launch, update_launch
+from supervise.vocabulary import BUNDLE, ENV, EXIT_OK, LAUNCH, LOG, ON_EXIT_LOG
 
 LOCK = ".launch.lock"
-BUNDLE = Path(__file__).resolve().parents[1]
 # Where the session id comes from when --session-id is not given: Claude Code sets the first in
 # the environment of every Bash command it runs (checked with 2.1.197); the second is the name
 # an earlier draft of the skill documented.
@@ -147,7 +147,7 @@ def _refuse_live(run_dir, run: Path, prev: Optional[dict], live: list) -> None:
 def _replace(run: Path, prev: Optional[dict], live: list, grace_s: float) -> list:
     """Stop the folder's live trainer before a relaunch: the launch record's group as stop.py does
     (recorded as a stop by the relaunch), other train.log writers by pid; [{pid, how}]."""
-    from .stop import stop, stop_pids  # the relaunch path only
+    from supervise.act.stop import stop, stop_pids  # the relaunch path only
     done = []
     if any(why == "launch record" for _, why in live):
         out = stop(run, grace_s, by="launch.py --replace")
@@ -253,7 +253,7 @@ def submit(run_dir, argv: list[str], *, sbatch: tuple = (), window_s: Optional[f
     run in ``cwd``; the job id parsed and recorded in RUN_DIR/launch.json's chain (no local pid:
     the watchdog follows the job). ``replace``: ``scancel`` the folder's last job first when the
     scheduler still holds it. UsageError (one line) when sbatch is missing or refuses."""
-    from . import slurm as sl   # the Slurm path only
+    from supervise.observe import slurm as sl   # the Slurm path only
     if not argv:
         raise UsageError("no command to submit: put it after --, e.g. launch.py runs/a --slurm -- python -u train.py")
     run = Path(os.path.abspath(run_dir))
