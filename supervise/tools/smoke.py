@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from supervise.cli import CommandParser, UsageError, duration, fraction, front_door, positive_float, positive_int, run_dir_arg
+from supervise.cli import Parser, UsageError, duration, fraction, front_door, positive_float, positive_int, run_dir_arg
 from supervise.observe.checkpoints import run_checkpoints
 from supervise.contract import is_finite, read_json, read_run, validate_file, why_unreadable
 from supervise.guard.hook import V4_ARGS
@@ -463,7 +463,12 @@ def smoke(run_dir: Path, command: list[str], script: Optional[Path], num_labels:
 
 
 def main(argv=None) -> int:
-    p = CommandParser(prog="smoke.py", description="The smoke preflight: run COMMAND (after --), or check an existing "
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, command = argv[:i], argv[i + 1:]
+    p = Parser(prog="smoke.py", description="The smoke preflight: run COMMAND (after --), or check an existing "
                "run, then one PASS/FAIL row per check; exit 0 when all pass, 7 otherwise.",
                epilog="example: python scripts/smoke.py runs/smoke -- python -u train.py --out runs/smoke --smoke")
     p.add_argument("run_dir", metavar="RUN_DIR", type=run_dir_arg, help="the run directory the command writes (its --out)")
@@ -474,11 +479,11 @@ def main(argv=None) -> int:
     p.add_argument("--epochs", type=positive_float, default=1.0, metavar="E", help="epochs of the full run (default: 1)")
     p.add_argument("--window", type=duration, metavar="W", help="the GPU window, e.g. 8h")
     p.add_argument("--timeout", type=duration, default=1800.0, help="longest the smoke command may run (default: 30m)")
-    return front_door(p, _main, argv)
+    return front_door(p, lambda a: _main(a, command), argv)
 
 
-def _main(a) -> int:
-    run_dir, command = Path(a.run_dir), a.command
+def _main(a, command: list) -> int:
+    run_dir = Path(a.run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise UsageError(f"{run_dir} is a file, not a run directory")
     if not command and not run_dir.is_dir():
