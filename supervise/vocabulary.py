@@ -81,3 +81,16 @@ def shown(x) -> str:
 def secs(x: float) -> str:
     """Seconds as a message shows them: ``42s``, ``3.5s``."""
     return f"{x:.0f}s" if x >= 10 else f"{x:.1f}s"
+
+
+def ranks_text(nums) -> str:
+    """Rank numbers as runs: [0, 1, 2, 3, 4, 5, 7, 9, 10, 11, 12] -> '0-5,7,9-12'."""
+    nums = sorted(set(nums))
+    out, i = [], 0
+    while i < len(nums):
+        j = i
+        while j + 1 < len(nums) and nums[j + 1] == nums[j] + 1:
+            j += 1
+        out.append(str(nums[i]) if i == j else f"{nums[i]}-{nums[j]}")
+        i = j + 1
+    return ",".join(out)

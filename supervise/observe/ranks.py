@@ -31,7 +31,7 @@ from supervise.contract import TailReader, is_count, is_finite
 from supervise.observe.logs import RootCause, oom_line
 from supervise.observe.probes import ANOTHER_BOOT, ANOTHER_HOST, ANOTHER_PID_NS, Here, here, locality
 from supervise.observe.records import median
-from supervise.vocabulary import GONE, Anomaly, anomaly, secs
+from supervise.vocabulary import ranks_text, GONE, Anomaly, anomaly, secs
 
 MAX_READ = 64 << 10       # bytes read from one rank file per poll (the rest is skipped, oldest first)
 FIRST_READ = 32 << 10     # bytes read from the end of a rank file the first time it is seen
@@ -195,22 +195,9 @@ def _state(s: RankState, procs: Mapping[int, str], where: Mapping[int, str]) -> 
     return None if s.rank in where else procs.get(s.pid) if s.pid is not None else None
 
 
-def _ranks_text(nums) -> str:
-    """0-5,7,9-12"""
-    nums = sorted(set(nums))
-    out, i = [], 0
-    while i < len(nums):
-        j = i
-        while j + 1 < len(nums) and nums[j + 1] == nums[j] + 1:
-            j += 1
-        out.append(str(nums[i]) if i == j else f"{nums[i]}-{nums[j]}")
-        i = j + 1
-    return ",".join(out)
-
-
 def _others(ranks, bad) -> str:
     more = sorted(bad[1:])
-    return f" (and rank{'s' if len(more) > 1 else ''} {_ranks_text(more)})" if more else ""
+    return f" (and rank{'s' if len(more) > 1 else ''} {ranks_text(more)})" if more else ""
 
 
 def _step(ranks: Mapping[int, RankState]) -> int:
@@ -419,14 +406,14 @@ def rank_lines(ranks: Mapping[int, RankState], now: float, procs: Optional[Mappi
         bits = [f"steps {min(steps)}-{max(steps)}" if steps else "",
                 f"sps {min(sps):.4g}-{max(sps):.4g}" if sps else "",
                 f"last heartbeat <= {secs(max(ages))} ago"]
-        out.append(f"ranks {_ranks_text(s.rank for s in good)} healthy: " + ", ".join(b for b in bits if b))
+        out.append(f"ranks {ranks_text(s.rank for s in good)} healthy: " + ", ".join(b for b in bits if b))
     used = sum(len(x) + 1 for x in out)
     for i, s in enumerate(bad):
         text = line(s)
         rest = len(bad) - i - 1
         reserve = 40 if rest else 0
         if used + len(text) + 1 + reserve > limit_chars:
-            out.append(f"... {len(bad) - i} more unhealthy: ranks {_ranks_text(b.rank for b in bad[i:])}"[:limit_chars - used])
+            out.append(f"... {len(bad) - i} more unhealthy: ranks {ranks_text(b.rank for b in bad[i:])}"[:limit_chars - used])
             break
         out.append(text)
         used += len(text) + 1

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from supervise.vocabulary import PACKAGE, GONE
+from supervise.vocabulary import GONE, PACKAGE, ranks_text
 
 STACKS = "stacks"                 # RUN_DIR/stacks/: one file per process per capture
 LIVE = ".live"                    # RUN_DIR/stacks/.live/pid-<PID>.txt: the in-process handlers' files
@@ -195,18 +195,7 @@ def _label(members, several: bool) -> str:
     if not several:
         return f"pid {members[0].pid}"
     nums = sorted(p.rank for p in members if p.rank is not None)
-    return f"rank {nums[0]}" if len(nums) == 1 else f"ranks {_ranks_text(nums)}"
-
-
-def _ranks_text(nums) -> str:
-    out, i = [], 0
-    while i < len(nums):
-        j = i
-        while j + 1 < len(nums) and nums[j + 1] == nums[j] + 1:
-            j += 1
-        out.append(str(nums[i]) if i == j else f"{nums[i]}-{nums[j]}")
-        i = j + 1
-    return ",".join(out)
+    return f"rank {nums[0]}" if len(nums) == 1 else f"ranks {ranks_text(nums)}"
 
 
 def _plural(text: str) -> str:
