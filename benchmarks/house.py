@@ -25,8 +25,10 @@ LAYERS = ("", "observe", "judge", "act", "guard", "tools")
 
 
 def name_of(pkg: Path, p: Path) -> str:
-    """'observe.probes' for supervise/observe/probes.py, 'contract' for supervise/contract.py."""
-    return ".".join(p.relative_to(pkg).with_suffix("").parts)
+    """'observe.probes' for supervise/observe/probes.py, 'contract' for supervise/contract.py,
+    'observe.engines' for supervise/observe/engines/__init__.py."""
+    parts = p.relative_to(pkg).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def floor(module: str, flat: bool) -> int:
@@ -41,8 +43,14 @@ def floor_name(i: int, flat: bool) -> str:
     return LAYERS[i] or "supervise (the contract)"
 
 
+def _code(p: Path) -> bool:
+    """A module with code: every file but an ``__init__`` that holds only its docstring (a layer's)."""
+    body = ast.parse(p.read_text()).body
+    return p.stem != "__init__" or len(body) > 1 or (body and not isinstance(body[0], ast.Expr))
+
+
 def sources(pkg: Path) -> list[Path]:
-    return sorted(p for p in pkg.rglob("*.py") if p.stem != "__init__" and "__pycache__" not in p.parts)
+    return sorted(p for p in pkg.rglob("*.py") if "__pycache__" not in p.parts and _code(p))
 
 
 def imports(pkg: Path) -> dict[str, set[str]]:

@@ -50,6 +50,11 @@ STOP_ASK = "stop_ask"      # the run learns nothing useful: stop it, ask, and a 
 MOVES = (RELAUNCH, AS_IS, WATCH_ON, FIX_FIRST, STOP_ASK)
 
 # ---------------------------------------------------------------------------- processes
+# The states of a verdict (Verdict.state, watchdog.json's state): watching and finishing while the
+# watch goes on, one of FINAL when it ends.
+WATCHING, FINISHING, DONE, ANOMALY, STOPPED = "watching", "finishing", "done", "anomaly", "stopped"
+GOING_ON = (WATCHING, FINISHING)
+FINAL = (DONE, ANOMALY, STOPPED)
 GONE = ("gone", "zombie", "dead")    # process states that are no longer a running process
 
 

@@ -22,7 +22,8 @@ RUN_DIR (--out) receives metrics.jsonl, hparams.json (the resolved config), chec
 (checkpoint-N: the last and the best by AUROC, two at most; each written under a temporary
 name and renamed into place), tb/, and final_val_metrics.json last: the completion sentinel.
 The records are written by Telemetry and TrainerTelemetry, the installed package's
-(supervise.telemetry, supervise.hf) when it is importable, else the verbatim copies below.
+(supervise.telemetry, supervise.hf) when it is importable, else the verbatim copies at the end
+of this file (the config, the training loop and its helpers come first).
 TrainerTelemetry reads each micro-batch's raw loss (and logging_nan_inf_filter=False lets the
 Trainer's own log show a NaN too); sps is Telemetry.step's: samples per second across all
 ranks since the last step record, evals and checkpoint saves left out.
@@ -130,6 +131,78 @@ def flight_recorder(out):
     os.makedirs(folder, exist_ok=True)
     os.environ.update(new)
     return new
+
+
+# ----------------------------------------------------------------------------- main: the training loop
+def main():
+    a = parse_args()
+    world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    flight_recorder(a.out)  # before TrainingArguments starts the process group: NCCL reads them then
+    ckpt_dir = os.path.join(a.out, "checkpoints")
+    if rank == 0:
+        tidy_checkpoints(ckpt_dir)
+    found = latest_checkpoint(ckpt_dir)
+    if found and not a.resume:
+        die(f"{found} holds an earlier run: pass --resume to continue it, or another --out")
+    (tr_x, tr_y), (ev_x, ev_y) = load_data(a)
+    if rank == 0:
+        os.makedirs(a.out, exist_ok=True)
+        if os.path.exists(os.path.join(a.out, "final_val_metrics.json")):
+            os.remove(os.path.join(a.out, "final_val_metrics.json"))  # an earlier attempt's sentinel
+        atomic_write_json(os.path.join(a.out, "hparams.json"), vars(a))
+        if a.resume:
+            print(f"resume: step {step_of(os.path.basename(found))} from {found}" if found else
+                  f"resume: no checkpoint in {ckpt_dir}; starting fresh", flush=True)
+    os.environ.setdefault("TENSORBOARD_LOGGING_DIR", os.path.join(a.out, "tb"))
+    set_seed(a.seed)
+    if a.model:
+        tokenizer = AutoTokenizer.from_pretrained(a.model)
+        model = AutoModelForSequenceClassification.from_pretrained(a.model, num_labels=a.num_labels)
+    else:
+        tokenizer = build_tokenizer(tr_x)
+        config = BertConfig(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2,
+                            num_attention_heads=2, intermediate_size=128, max_position_embeddings=a.max_len + 2,
+                            num_labels=a.num_labels, pad_token_id=tokenizer.pad_token_id)
+        model = BertForSequenceClassification(config)
+    train_set = Encoded(tokenizer, tr_x, tr_y, a.max_len)
+    eval_set = Encoded(tokenizer, ev_x, ev_y, a.max_len)
+
+    try:
+        import tensorboard  # noqa: F401
+        report_to = ["tensorboard"]
+    except ImportError:
+        report_to = "none"
+    args = TrainingArguments(
+        output_dir=ckpt_dir, num_train_epochs=a.epochs, max_steps=a.max_steps,
+        per_device_train_batch_size=a.batch_size, gradient_accumulation_steps=a.grad_accum,
+        per_device_eval_batch_size=a.batch_size * 4,
+        learning_rate=a.lr, warmup_steps=a.warmup_steps, max_grad_norm=a.max_grad_norm,
+        logging_steps=a.logging_steps, logging_nan_inf_filter=False,  # the filter hides NaN steps
+        eval_strategy="steps", eval_steps=a.eval_steps,
+        save_strategy="steps" if a.keep else "no", save_steps=a.eval_steps, save_total_limit=a.keep or None,
+        load_best_model_at_end=a.keep == 2, metric_for_best_model="auroc", greater_is_better=True,
+        fp16=a.precision == "fp16", bf16=a.precision == "bf16",
+        report_to=report_to, disable_tqdm=True, seed=a.seed, dataloader_pin_memory=torch.cuda.is_available(),
+        ddp_backend="gloo" if world > 1 and not torch.cuda.is_available() else None)
+    batches = math.ceil(math.ceil(len(train_set) / world) / a.batch_size)
+    total = a.max_steps if a.max_steps > 0 else math.ceil(a.epochs * max(1, math.ceil(batches / a.grad_accum)))
+
+    with Telemetry(a.out, task="classification", num_labels=a.num_labels, total_steps=total,
+                   batch_size=a.batch_size * a.grad_accum, world_size=world,
+                   resume=["--resume"], resumed=a.resume, checkpoint_dir=ckpt_dir,  # how a relaunch continues
+                   flags={"--lr": a.lr, "--batch-size": a.batch_size, "--grad-accum": a.grad_accum}) as tel:
+        trainer = TemplateTrainer(
+            model=model, args=args, train_dataset=train_set, eval_dataset=eval_set, processing_class=tokenizer,
+            compute_metrics=compute_metrics, callbacks=[TrainerTelemetry(tel, every=a.logging_steps)])
+        trainer.train(resume_from_checkpoint=found if a.resume else None)
+        final = trainer.evaluate()  # the best checkpoint, reloaded by load_best_model_at_end
+        if trainer.is_world_process_zero():
+            best = trainer.state.best_model_checkpoint or (latest_checkpoint(ckpt_dir) if a.keep else None)
+            tel.done(eval_auroc=final.get("eval_auroc"), eval_acc=final.get("eval_acc"),
+                     eval_loss=final.get("eval_loss"), step=trainer.state.global_step, best_checkpoint=best,
+                     best_step=step_of(os.path.basename(best)) if best else None,
+                     best_auroc=trainer.state.best_metric, world_size=world, seconds=round(time.time() - tel.t0, 1))
+            print(f"done: eval_auroc={final.get('eval_auroc'):.4f} best={best}", flush=True)
 
 
 # ----------------------------------------------------------------------------- data (same in both templates)
@@ -324,7 +397,7 @@ class TemplateTrainer(Trainer):
         self.accelerator.wait_for_everyone()
 
 
-# ----------------------------------------------------------------------------- telemetry
+# ----------------------------------------------------------------------------- telemetry (the fallback copy, last)
 try:  # the installed package's, when it is importable
     from supervise.hf import TrainerTelemetry
     from supervise.telemetry import Telemetry
@@ -849,78 +922,6 @@ except ImportError:  # this file copied alone: verbatim copies of supervise/tele
             except (AttributeError, IndexError, TypeError):
                 return None
     # --- hf callback: end ---
-
-
-# ----------------------------------------------------------------------------- main
-def main():
-    a = parse_args()
-    world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
-    flight_recorder(a.out)  # before TrainingArguments starts the process group: NCCL reads them then
-    ckpt_dir = os.path.join(a.out, "checkpoints")
-    if rank == 0:
-        tidy_checkpoints(ckpt_dir)
-    found = latest_checkpoint(ckpt_dir)
-    if found and not a.resume:
-        die(f"{found} holds an earlier run: pass --resume to continue it, or another --out")
-    (tr_x, tr_y), (ev_x, ev_y) = load_data(a)
-    if rank == 0:
-        os.makedirs(a.out, exist_ok=True)
-        if os.path.exists(os.path.join(a.out, "final_val_metrics.json")):
-            os.remove(os.path.join(a.out, "final_val_metrics.json"))  # an earlier attempt's sentinel
-        atomic_write_json(os.path.join(a.out, "hparams.json"), vars(a))
-        if a.resume:
-            print(f"resume: step {step_of(os.path.basename(found))} from {found}" if found else
-                  f"resume: no checkpoint in {ckpt_dir}; starting fresh", flush=True)
-    os.environ.setdefault("TENSORBOARD_LOGGING_DIR", os.path.join(a.out, "tb"))
-    set_seed(a.seed)
-    if a.model:
-        tokenizer = AutoTokenizer.from_pretrained(a.model)
-        model = AutoModelForSequenceClassification.from_pretrained(a.model, num_labels=a.num_labels)
-    else:
-        tokenizer = build_tokenizer(tr_x)
-        config = BertConfig(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2,
-                            num_attention_heads=2, intermediate_size=128, max_position_embeddings=a.max_len + 2,
-                            num_labels=a.num_labels, pad_token_id=tokenizer.pad_token_id)
-        model = BertForSequenceClassification(config)
-    train_set = Encoded(tokenizer, tr_x, tr_y, a.max_len)
-    eval_set = Encoded(tokenizer, ev_x, ev_y, a.max_len)
-
-    try:
-        import tensorboard  # noqa: F401
-        report_to = ["tensorboard"]
-    except ImportError:
-        report_to = "none"
-    args = TrainingArguments(
-        output_dir=ckpt_dir, num_train_epochs=a.epochs, max_steps=a.max_steps,
-        per_device_train_batch_size=a.batch_size, gradient_accumulation_steps=a.grad_accum,
-        per_device_eval_batch_size=a.batch_size * 4,
-        learning_rate=a.lr, warmup_steps=a.warmup_steps, max_grad_norm=a.max_grad_norm,
-        logging_steps=a.logging_steps, logging_nan_inf_filter=False,  # the filter hides NaN steps
-        eval_strategy="steps", eval_steps=a.eval_steps,
-        save_strategy="steps" if a.keep else "no", save_steps=a.eval_steps, save_total_limit=a.keep or None,
-        load_best_model_at_end=a.keep == 2, metric_for_best_model="auroc", greater_is_better=True,
-        fp16=a.precision == "fp16", bf16=a.precision == "bf16",
-        report_to=report_to, disable_tqdm=True, seed=a.seed, dataloader_pin_memory=torch.cuda.is_available(),
-        ddp_backend="gloo" if world > 1 and not torch.cuda.is_available() else None)
-    batches = math.ceil(math.ceil(len(train_set) / world) / a.batch_size)
-    total = a.max_steps if a.max_steps > 0 else math.ceil(a.epochs * max(1, math.ceil(batches / a.grad_accum)))
-
-    with Telemetry(a.out, task="classification", num_labels=a.num_labels, total_steps=total,
-                   batch_size=a.batch_size * a.grad_accum, world_size=world,
-                   resume=["--resume"], resumed=a.resume, checkpoint_dir=ckpt_dir,  # how a relaunch continues
-                   flags={"--lr": a.lr, "--batch-size": a.batch_size, "--grad-accum": a.grad_accum}) as tel:
-        trainer = TemplateTrainer(
-            model=model, args=args, train_dataset=train_set, eval_dataset=eval_set, processing_class=tokenizer,
-            compute_metrics=compute_metrics, callbacks=[TrainerTelemetry(tel, every=a.logging_steps)])
-        trainer.train(resume_from_checkpoint=found if a.resume else None)
-        final = trainer.evaluate()  # the best checkpoint, reloaded by load_best_model_at_end
-        if trainer.is_world_process_zero():
-            best = trainer.state.best_model_checkpoint or (latest_checkpoint(ckpt_dir) if a.keep else None)
-            tel.done(eval_auroc=final.get("eval_auroc"), eval_acc=final.get("eval_acc"),
-                     eval_loss=final.get("eval_loss"), step=trainer.state.global_step, best_checkpoint=best,
-                     best_step=step_of(os.path.basename(best)) if best else None,
-                     best_auroc=trainer.state.best_metric, world_size=world, seconds=round(time.time() - tel.t0, 1))
-            print(f"done: eval_auroc={final.get('eval_auroc'):.4f} best={best}", flush=True)
 
 
 if __name__ == "__main__":

@@ -23,8 +23,8 @@ RUN_DIR (--out) receives metrics.jsonl, hparams.json (the resolved config), chec
 (last.pt, plus best.pt while an older step holds the best AUROC; each written under a
 temporary name and renamed into place, holding everything --resume needs), tb/, and
 final_val_metrics.json last: the completion sentinel. The records are written by Telemetry,
-the installed package's (supervise.telemetry) when it is importable, else the verbatim copy
-below; sps is Telemetry.step's: samples per second across all ranks since the last step
+the installed package's (supervise.telemetry) when it is importable, else the verbatim copy at
+the end of this file (the config, the training loop and its helpers come first); sps is Telemetry.step's: samples per second across all ranks since the last step
 record, evals and checkpoint saves left out.
 """
 import argparse
@@ -131,6 +131,148 @@ def flight_recorder(out):
     os.makedirs(folder, exist_ok=True)
     os.environ.update(new)
     return new
+
+
+# ----------------------------------------------------------------------------- main: the training loop
+def main():
+    a = parse_args()
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    flight_recorder(a.out)  # before the process group: NCCL reads them when it starts
+    if world > 1:
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    rank = dist.get_rank() if world > 1 else 0
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    ckpt_dir = os.path.join(a.out, "checkpoints")
+    found = latest_checkpoint(ckpt_dir)
+    if found and not a.resume:
+        die(f"{found} holds an earlier run: pass --resume to continue it, or another --out")
+    (tr_x, tr_y), (ev_x, ev_y) = load_data(a)
+    ckpt = torch.load(found, map_location=device) if a.resume and found else None
+    if rank == 0:
+        os.makedirs(ckpt_dir, exist_ok=True)
+        for name in os.listdir(ckpt_dir):  # what a kill during a save left behind
+            if name.startswith(".tmp."):
+                os.remove(os.path.join(ckpt_dir, name))
+        if os.path.exists(os.path.join(a.out, "final_val_metrics.json")):
+            os.remove(os.path.join(a.out, "final_val_metrics.json"))  # an earlier attempt's sentinel
+        atomic_write_json(os.path.join(a.out, "hparams.json"), vars(a))
+        if a.resume:
+            print(f"resume: step {ckpt['state']['step']} from {found}" if ckpt else
+                  f"resume: no checkpoint in {ckpt_dir}; starting fresh", flush=True)
+
+    vocab = ckpt["vocab"] if ckpt else build_vocab(tr_x)
+    tr_ids, ev_ids, tr_lab = encode(tr_x, vocab, a.max_len), encode(ev_x, vocab, a.max_len), torch.tensor(tr_y)
+
+    torch.manual_seed(a.seed)
+    random.seed(a.seed)
+    model = Classifier(len(vocab), DIM, a.num_labels).to(device)
+    if a.model and not ckpt:
+        model.load_state_dict(torch.load(a.model, map_location=device)["model"], strict=True)
+    per_step = a.batch_size * a.grad_accum * world  # samples per optimizer step, all ranks
+    steps_per_epoch = len(tr_ids) // per_step
+    if steps_per_epoch < 1:
+        die(f"{len(tr_ids)} training samples do not fill one step of {per_step} "
+            "(lower --batch-size or --grad-accum, or add data)")
+    total = a.max_steps if a.max_steps > 0 else int(steps_per_epoch * a.epochs)
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, a.warmup_steps, total))
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(a.precision)
+    scaler = torch.amp.GradScaler(device.type, enabled=a.precision == "fp16")
+    # step, epoch, position in the epoch's order, samples seen: the data position
+    state = {"step": 0, "epoch": 0, "pos": 0, "samples_seen": 0, "best_metric": None, "best_step": None}
+    if ckpt:
+        model.load_state_dict(ckpt["model"], strict=True)
+        opt.load_state_dict(ckpt["optimizer"])
+        sched.load_state_dict(ckpt["scheduler"])
+        scaler.load_state_dict(ckpt["scaler"])
+        state.update(ckpt["state"])
+        set_rng_state(ckpt["rng"])
+    ddp = nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    tb = None
+    if rank == 0:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+            tb = SummaryWriter(os.path.join(a.out, "tb"))
+        except ImportError:
+            pass
+
+    with Telemetry(a.out, task="classification", num_labels=a.num_labels, total_steps=total,
+                   batch_size=a.batch_size * a.grad_accum, world_size=world, rank=rank,
+                   resume=["--resume"], resumed=a.resume, checkpoint_dir=ckpt_dir,  # how a relaunch continues
+                   flags={"--lr": a.lr, "--batch-size": a.batch_size, "--grad-accum": a.grad_accum}) as tel:
+        step, losses = state["step"], []
+        tel.mark(step)  # the first step record's sps is measured from here
+        while step < total:
+            order = torch.randperm(len(tr_ids), generator=torch.Generator().manual_seed(a.seed + state["epoch"]))
+            while state["pos"] + per_step <= len(order) and step < total:
+                batch = order[state["pos"]:state["pos"] + per_step]  # the same on every rank
+                loss_sum = 0.0
+                for micro in range(a.grad_accum):
+                    lo = (micro * world + rank) * a.batch_size
+                    idx = batch[lo:lo + a.batch_size]
+                    ids, y = tr_ids[idx].to(device), tr_lab[idx].to(device)
+                    sync = world == 1 or micro == a.grad_accum - 1
+                    with contextlib.nullcontext() if sync else ddp.no_sync():
+                        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+                            loss = F.cross_entropy(ddp(ids).float(), y) / a.grad_accum
+                        scaler.scale(loss).backward()
+                    loss_sum += loss.item()
+                scaler.unscale_(opt)
+                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), a.max_grad_norm).item()  # pre-clip
+                lr = opt.param_groups[0]["lr"]
+                scaler.step(opt)
+                scaler.update()
+                sched.step()
+                opt.zero_grad(set_to_none=True)
+                step += 1
+                state.update(step=step, pos=state["pos"] + per_step, samples_seen=state["samples_seen"] + per_step)
+                losses.append(loss_sum)
+                if not (math.isfinite(loss_sum) and math.isfinite(grad_norm)):
+                    tel.step(step, loss_sum, lr=lr, grad_norm=grad_norm)  # writes FATAL and raises
+                if step % a.logging_steps == 0:
+                    rec = tel.step(step, sum(losses) / len(losses), lr=lr, grad_norm=grad_norm,
+                                   epoch=round(state["samples_seen"] / (steps_per_epoch * per_step), 3))
+                    losses = []
+                    if tb:
+                        for key in ("loss", "grad_norm", "sps"):
+                            if rec[key] is not None:
+                                tb.add_scalar(f"train/{key}", rec[key], step)
+                if step % a.eval_steps == 0 or step == total:
+                    if rank == 0:
+                        m = evaluate(model, ev_ids, ev_y, device)
+                        tel.eval(step, **m)
+                        if tb:
+                            tb.add_scalar("eval/auroc", m["eval_auroc"], step)
+                        if a.keep > 0:
+                            save_checkpoint(ckpt_dir, {
+                                "model": model.state_dict(), "optimizer": opt.state_dict(),
+                                "scheduler": sched.state_dict(), "scaler": scaler.state_dict(), "rng": rng_state(),
+                                "config": vars(a), "vocab": vocab, "dim": DIM, "num_labels": a.num_labels,
+                                "step": step, **m}, m["eval_auroc"], state, a.keep)
+                    if world > 1:
+                        dist.barrier()
+                    tel.mark(step)  # eval and save time is not training throughput
+            if state["pos"] + per_step > len(order):
+                state.update(epoch=state["epoch"] + 1, pos=0)
+
+        if rank == 0:
+            best = latest_checkpoint(ckpt_dir, ("best.pt", "last.pt")) if a.keep else None
+            best_state = torch.load(best, map_location=device) if best else None
+            if best_state:
+                model.load_state_dict(best_state["model"], strict=True)
+            final = evaluate(model, ev_ids, ev_y, device)
+            if tb:
+                tb.close()
+            tel.done(**final, step=step, best_checkpoint=best, best_step=best_state and best_state["step"],
+                     best_auroc=best_state and best_state["eval_auroc"], world_size=world,
+                     seconds=round(time.time() - tel.t0, 1))
+            print(f"done: eval_auroc={final['eval_auroc']:.4f} best={best}", flush=True)
+    if world > 1:
+        dist.destroy_process_group()
 
 
 # ----------------------------------------------------------------------------- data (same in both templates)
@@ -327,7 +469,7 @@ def load_checkpoint(path):
     return model
 
 
-# ----------------------------------------------------------------------------- telemetry
+# ----------------------------------------------------------------------------- telemetry (the fallback copy, last)
 try:  # the installed package's, when it is importable
     from supervise.telemetry import Telemetry
 except ImportError:  # this file copied alone: the verbatim copy of supervise/telemetry.py's block
@@ -741,148 +883,6 @@ except ImportError:  # this file copied alone: the verbatim copy of supervise/te
             if fd is not None:
                 os.write(fd, (json.dumps(rec, default=str) + "\n").encode())  # one write per line
     # --- telemetry: end ---
-
-
-# ----------------------------------------------------------------------------- main
-def main():
-    a = parse_args()
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    flight_recorder(a.out)  # before the process group: NCCL reads them when it starts
-    if world > 1:
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    rank = dist.get_rank() if world > 1 else 0
-    if torch.cuda.is_available():
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-    ckpt_dir = os.path.join(a.out, "checkpoints")
-    found = latest_checkpoint(ckpt_dir)
-    if found and not a.resume:
-        die(f"{found} holds an earlier run: pass --resume to continue it, or another --out")
-    (tr_x, tr_y), (ev_x, ev_y) = load_data(a)
-    ckpt = torch.load(found, map_location=device) if a.resume and found else None
-    if rank == 0:
-        os.makedirs(ckpt_dir, exist_ok=True)
-        for name in os.listdir(ckpt_dir):  # what a kill during a save left behind
-            if name.startswith(".tmp."):
-                os.remove(os.path.join(ckpt_dir, name))
-        if os.path.exists(os.path.join(a.out, "final_val_metrics.json")):
-            os.remove(os.path.join(a.out, "final_val_metrics.json"))  # an earlier attempt's sentinel
-        atomic_write_json(os.path.join(a.out, "hparams.json"), vars(a))
-        if a.resume:
-            print(f"resume: step {ckpt['state']['step']} from {found}" if ckpt else
-                  f"resume: no checkpoint in {ckpt_dir}; starting fresh", flush=True)
-
-    vocab = ckpt["vocab"] if ckpt else build_vocab(tr_x)
-    tr_ids, ev_ids, tr_lab = encode(tr_x, vocab, a.max_len), encode(ev_x, vocab, a.max_len), torch.tensor(tr_y)
-
-    torch.manual_seed(a.seed)
-    random.seed(a.seed)
-    model = Classifier(len(vocab), DIM, a.num_labels).to(device)
-    if a.model and not ckpt:
-        model.load_state_dict(torch.load(a.model, map_location=device)["model"], strict=True)
-    per_step = a.batch_size * a.grad_accum * world  # samples per optimizer step, all ranks
-    steps_per_epoch = len(tr_ids) // per_step
-    if steps_per_epoch < 1:
-        die(f"{len(tr_ids)} training samples do not fill one step of {per_step} "
-            "(lower --batch-size or --grad-accum, or add data)")
-    total = a.max_steps if a.max_steps > 0 else int(steps_per_epoch * a.epochs)
-    opt = torch.optim.AdamW(model.parameters(), lr=a.lr)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, a.warmup_steps, total))
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(a.precision)
-    scaler = torch.amp.GradScaler(device.type, enabled=a.precision == "fp16")
-    # step, epoch, position in the epoch's order, samples seen: the data position
-    state = {"step": 0, "epoch": 0, "pos": 0, "samples_seen": 0, "best_metric": None, "best_step": None}
-    if ckpt:
-        model.load_state_dict(ckpt["model"], strict=True)
-        opt.load_state_dict(ckpt["optimizer"])
-        sched.load_state_dict(ckpt["scheduler"])
-        scaler.load_state_dict(ckpt["scaler"])
-        state.update(ckpt["state"])
-        set_rng_state(ckpt["rng"])
-    ddp = nn.parallel.DistributedDataParallel(model) if world > 1 else model
-    tb = None
-    if rank == 0:
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-            tb = SummaryWriter(os.path.join(a.out, "tb"))
-        except ImportError:
-            pass
-
-    with Telemetry(a.out, task="classification", num_labels=a.num_labels, total_steps=total,
-                   batch_size=a.batch_size * a.grad_accum, world_size=world, rank=rank,
-                   resume=["--resume"], resumed=a.resume, checkpoint_dir=ckpt_dir,  # how a relaunch continues
-                   flags={"--lr": a.lr, "--batch-size": a.batch_size, "--grad-accum": a.grad_accum}) as tel:
-        step, losses = state["step"], []
-        tel.mark(step)  # the first step record's sps is measured from here
-        while step < total:
-            order = torch.randperm(len(tr_ids), generator=torch.Generator().manual_seed(a.seed + state["epoch"]))
-            while state["pos"] + per_step <= len(order) and step < total:
-                batch = order[state["pos"]:state["pos"] + per_step]  # the same on every rank
-                loss_sum = 0.0
-                for micro in range(a.grad_accum):
-                    lo = (micro * world + rank) * a.batch_size
-                    idx = batch[lo:lo + a.batch_size]
-                    ids, y = tr_ids[idx].to(device), tr_lab[idx].to(device)
-                    sync = world == 1 or micro == a.grad_accum - 1
-                    with contextlib.nullcontext() if sync else ddp.no_sync():
-                        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-                            loss = F.cross_entropy(ddp(ids).float(), y) / a.grad_accum
-                        scaler.scale(loss).backward()
-                    loss_sum += loss.item()
-                scaler.unscale_(opt)
-                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), a.max_grad_norm).item()  # pre-clip
-                lr = opt.param_groups[0]["lr"]
-                scaler.step(opt)
-                scaler.update()
-                sched.step()
-                opt.zero_grad(set_to_none=True)
-                step += 1
-                state.update(step=step, pos=state["pos"] + per_step, samples_seen=state["samples_seen"] + per_step)
-                losses.append(loss_sum)
-                if not (math.isfinite(loss_sum) and math.isfinite(grad_norm)):
-                    tel.step(step, loss_sum, lr=lr, grad_norm=grad_norm)  # writes FATAL and raises
-                if step % a.logging_steps == 0:
-                    rec = tel.step(step, sum(losses) / len(losses), lr=lr, grad_norm=grad_norm,
-                                   epoch=round(state["samples_seen"] / (steps_per_epoch * per_step), 3))
-                    losses = []
-                    if tb:
-                        for key in ("loss", "grad_norm", "sps"):
-                            if rec[key] is not None:
-                                tb.add_scalar(f"train/{key}", rec[key], step)
-                if step % a.eval_steps == 0 or step == total:
-                    if rank == 0:
-                        m = evaluate(model, ev_ids, ev_y, device)
-                        tel.eval(step, **m)
-                        if tb:
-                            tb.add_scalar("eval/auroc", m["eval_auroc"], step)
-                        if a.keep > 0:
-                            save_checkpoint(ckpt_dir, {
-                                "model": model.state_dict(), "optimizer": opt.state_dict(),
-                                "scheduler": sched.state_dict(), "scaler": scaler.state_dict(), "rng": rng_state(),
-                                "config": vars(a), "vocab": vocab, "dim": DIM, "num_labels": a.num_labels,
-                                "step": step, **m}, m["eval_auroc"], state, a.keep)
-                    if world > 1:
-                        dist.barrier()
-                    tel.mark(step)  # eval and save time is not training throughput
-            if state["pos"] + per_step > len(order):
-                state.update(epoch=state["epoch"] + 1, pos=0)
-
-        if rank == 0:
-            best = latest_checkpoint(ckpt_dir, ("best.pt", "last.pt")) if a.keep else None
-            best_state = torch.load(best, map_location=device) if best else None
-            if best_state:
-                model.load_state_dict(best_state["model"], strict=True)
-            final = evaluate(model, ev_ids, ev_y, device)
-            if tb:
-                tb.close()
-            tel.done(**final, step=step, best_checkpoint=best, best_step=best_state and best_state["step"],
-                     best_auroc=best_state and best_state["eval_auroc"], world_size=world,
-                     seconds=round(time.time() - tel.t0, 1))
-            print(f"done: eval_auroc={final['eval_auroc']:.4f} best={best}", flush=True)
-    if world > 1:
-        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

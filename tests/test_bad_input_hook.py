@@ -11,7 +11,7 @@ import time
 import pytest
 
 from conftest import ROOT
-from supervise.guard.hook import MAX_COMMAND
+from supervise.guard.shell import MAX_COMMAND
 from supervise.vocabulary import QUIET
 
 ENV = {k: v for k, v in os.environ.items() if k not in QUIET and k not in ("PYTHONUNBUFFERED", "SUPERVISE_GUARD_OFF")}

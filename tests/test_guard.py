@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, missing, need
-from supervise.guard.hook import Call, call_from_hook, decide, installed_transformers
+from supervise.guard.hook import call_from_hook, decide
+from supervise.guard.shell import Call
+from supervise.guard.transformers import installed_transformers
 from supervise.guard.hook import main as guard_main
 from supervise.vocabulary import QUIET
 

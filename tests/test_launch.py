@@ -57,7 +57,7 @@ def test_the_launcher_returns_at_once_and_the_trainer_runs_detached(work):
     assert took < 30 and pid_alive(rec["pid"])  # it returned while the trainer runs
     keeps_writing(run / "metrics.jsonl")
     raw = json.loads((run / LAUNCH).read_text())
-    assert rec == {**raw, "stop": None, "stopped_at": None, "slurm_job_id": None, "sbatch": None} and set(raw) == {"pid", "pgid", "sid", "host", "create_time", "launched_at", "argv", "cwd",
+    assert rec == {**raw, "stop": None, "stopped_at": None, "job_id": None, "options": None} and set(raw) == {"pid", "pgid", "sid", "host", "create_time", "launched_at", "argv", "cwd", "engine",
                                        "window_s", "session_id", "log", "run_dir", "earlier", "env", "replaced",
                                        "on_exit", *here_fields()}
     assert {k: rec[k] for k in ("pid_ns", "boot_id")} == {"pid_ns": None, "boot_id": None, **here_fields()}
@@ -393,7 +393,7 @@ REC = {"pid": 4242, "pgid": 4242, "sid": 4242, "host": "h", "create_time": 1.5, 
 
 
 UNSET = {"stop": None, "stopped_at": None, "earlier": None, "env": None, "replaced": None, "on_exit": None,
-         "slurm_job_id": None, "sbatch": None, "pid_ns": None, "boot_id": None}
+         "engine": "local", "job_id": None, "options": None, "pid_ns": None, "boot_id": None}
 
 
 @pytest.mark.parametrize("raw,expect", [
@@ -405,9 +405,12 @@ UNSET = {"stop": None, "stopped_at": None, "earlier": None, "env": None, "replac
     ({**REC, "argv": []}, None), ({**REC, "argv": ["python", 3]}, None), ({**REC, "argv": "python train.py"}, None),
     ({k: v for k, v in REC.items() if k != "launched_at"}, None), ([REC], None), ("launch", None), (None, None),
     # a job the launcher submitted (--slurm): no local pid, its job id instead
+    ({**REC, "pid": None, "engine": "slurm", "job_id": "88", "options": ["--partition=debug"]},
+     {**REC, **UNSET, "pid": None, "engine": "slurm", "job_id": "88", "options": ["--partition=debug"]}),
+    ({**REC, "pid": None, "engine": "slurm", "job_id": 88}, None),
+    # written before the engine seam: a Slurm job's id and sbatch options under their old names
     ({**REC, "pid": None, "slurm_job_id": "88", "sbatch": ["--partition=debug"]},
-     {**REC, **UNSET, "pid": None, "slurm_job_id": "88", "sbatch": ["--partition=debug"]}),
-    ({**REC, "pid": None, "slurm_job_id": 88}, None),
+     {**REC, **UNSET, "pid": None, "engine": "slurm", "job_id": "88", "options": ["--partition=debug"]}),
 ])
 def test_a_launch_record_is_read_with_its_types_checked(raw, expect):
     assert typed_launch(raw) == expect

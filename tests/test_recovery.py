@@ -12,6 +12,7 @@ import pytest
 from conftest import ROOT, verdict_of
 from supervise.act import recovery
 from supervise.guard import hook as guard
+from supervise.guard.shell import Call
 from supervise.judge.table import KINDS, RECORD_RULES, change_for, no_progress
 from supervise.act.recovery import relaunch_line, relaunch_plan, watchdog_line
 from supervise.observe.records import RecordRules
@@ -221,9 +222,9 @@ def test_a_slurm_job_is_resubmitted_through_the_launcher_with_its_resources(tmp_
                                   "--sbatch=--cpus-per-task=8", "--sbatch=--gres=gpu:4", "--sbatch=--mem=64000M"]
     assert w[w.index("--") + 1:] == ["python", "-u", "train.py", "--out", str(tmp_path), "--lr=0.005", "--resume"]
     assert "scontrol requeue 4242" in note and "through the launcher" in note
-    assert guard.decide(guard.Call(tool="Bash", command=line, background=False, cwd=str(tmp_path), env={})) is None
+    assert guard.decide(Call(tool="Bash", command=line, background=False, cwd=str(tmp_path), env={})) is None
     # a job the launcher submitted keeps the launcher's own sbatch options
-    line, note = relaunch_plan(s, verdict_of("preempted"), tmp_path, sbatch=["--partition=debug", "--cpus-per-task=2"])
+    line, note = relaunch_plan(s, verdict_of("preempted"), tmp_path, options=["--partition=debug", "--cpus-per-task=2"])
     w = shlex.split(line)
     assert w[8:w.index("--")] == ["--sbatch=--partition=debug", "--sbatch=--cpus-per-task=2"], line
     assert note.startswith("a resubmission of Slurm job 4242 through the launcher (the same sbatch options)")
@@ -251,18 +252,18 @@ def test_the_line_passes_the_launch_guard(kind, world, tmp_path):
     (tmp_path / "hparams.json").write_text(json.dumps({"batch_size": 16, "grad_accum": 1, "lr": 0.01}))
     line = relaunch_line(start(["train_hf.py", "--out", str(tmp_path)], world_size=world), verdict_of(kind), tmp_path)
     for background in (True, False):
-        call = guard.Call(tool="Bash", command=line, background=background, cwd=str(tmp_path), env={})
+        call = Call(tool="Bash", command=line, background=background, cwd=str(tmp_path), env={})
         assert guard.decide(call) is None, guard.decide(call)
     # and its training command run raw in the background is refused: the check can fail
     bare = shlex.join(words(line)) + f" >> {tmp_path}/train.log 2>&1 &"
-    assert guard.decide(guard.Call(tool="Bash", command=bare, background=False, cwd=str(tmp_path), env={}))
+    assert guard.decide(Call(tool="Bash", command=bare, background=False, cwd=str(tmp_path), env={}))
 
 
 def test_the_watchdog_line_runs_the_bundles_watchdog(tmp_path):
     line = watchdog_line(tmp_path / "run", python=sys.executable)
     w = shlex.split(line)
     assert w == [sys.executable, str(ROOT / "scripts" / "watchdog.py"), str(tmp_path / "run")]
-    assert guard.decide(guard.Call(tool="Bash", command=line, background=True, cwd=str(tmp_path), env={})) is None
+    assert guard.decide(Call(tool="Bash", command=line, background=True, cwd=str(tmp_path), env={})) is None
     p = subprocess.run(shlex.split(line) + ["--help"], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0 and "RUN_DIR" in p.stdout
 

@@ -108,7 +108,8 @@ def launch_lines():
 @pytest.mark.parametrize("line", launch_lines())
 def test_the_launch_lines_are_the_launcher_on_one_line(line):
     assert " -- python -u " in line  # detached, outliving the session
-    from supervise.guard.hook import Call, decide
+    from supervise.guard.hook import decide
+    from supervise.guard.shell import Call
     for background in (False, True):
         assert decide(Call("Bash", line, background=background)) is None
     assert decide(Call("Bash", line.replace(" -- ", "\n-- "), background=True)).startswith("[one_line]")

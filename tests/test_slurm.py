@@ -15,7 +15,7 @@ import pytest
 
 from conftest import ROOT, assert_checkin_agrees, kind_of, missing, need, read_json, step_of, wait_for
 from supervise.thresholds import Thresholds
-from supervise.observe.slurm import SlurmJob, query, slurm_anomaly
+from supervise.observe.engines.slurm import SlurmJob, query, slurm_anomaly
 from supervise.tools.watch import Watchdog
 from supervise.tools.watch import run as run_watch
 
@@ -212,7 +212,7 @@ def step(n: int) -> dict:
 def watchdog(run: Path, job_id: str, scheduler: Scheduler, clock: Clock) -> Watchdog:
     """The watchdog of ``watchdog.py RUN --slurm-job ID``, its scheduler and clock replaced."""
     run.mkdir(exist_ok=True)
-    return Watchdog(run, LIMITS, slurm_job=job_id, slurm_runner=scheduler, clock=clock)
+    return Watchdog(run, LIMITS, job=("slurm", job_id), runner=scheduler, clock=clock)
 
 
 def fake_slurm(tmp_path: Path, squeue: str, scontrol: str) -> dict:
@@ -243,11 +243,11 @@ def test_the_watchdog_follows_a_job_from_the_queue_to_its_end(job_id, end, kind,
         v = w.poll()
         assert (v.state, v.headline, v.line) == ("watching", "STARTING", ""), v   # queued, not failed
         assert any(n.startswith(f"Slurm job {job_id} is PENDING") for n in v.notes), v
-        assert read_json(run / "watchdog.json")["slurm_state"] == "PENDING"
+        assert read_json(run / "watchdog.json")["job_state"] == "PENDING"
     clock.now += 50  # running 50 s, no record yet: within the grace, which began when it ran
     v = w.poll()
     assert (v.state, v.line) == ("watching", ""), v
-    assert read_json(run / "watchdog.json")["slurm_state"] == "RUNNING"
+    assert read_json(run / "watchdog.json")["job_state"] == "RUNNING"
     for n in range(1, 5):
         clock.now += 30
         write(run, clock, *([start_record(clock)] if n == 1 else []), step(10 * n))
@@ -259,7 +259,7 @@ def test_the_watchdog_follows_a_job_from_the_queue_to_its_end(job_id, end, kind,
     line = out.getvalue().strip()
     assert kind_of(line) == kind and step_of(line) == 40 and line.startswith(f"ANOMALY {kind}: {said}"), line
     state = read_json(run / "watchdog.json")
-    assert (state["state"], state["kind"], state["slurm_job"], state["slurm_state"]) == \
+    assert (state["state"], state["kind"], state["job_id"], state["job_state"]) == \
         ("anomaly", kind, job_id, end[0].split(".")[0].upper())
     assert_checkin_agrees(run, line, env=fake_slurm(tmp_path, end[0], end[1]))
 
@@ -459,7 +459,7 @@ def test_live_preemption_resubmission_queue_wait_then_ok_done(slurm, tmp_path):
     p = launch(tmp_path, run, sys.executable, "-u", loop, "--out", run, "--steps", "400", "--dt", "0.05",
                extra=["--slurm", "--sbatch=--partition=debug", f"--sbatch=--cpus-per-task={cpus}"])
     assert p.returncode == 0 and p.stdout.startswith("submitted Slurm job "), p.stdout + p.stderr
-    first = read_launch(run)["slurm_job_id"]
+    first = read_launch(run)["job_id"]
     wd = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "watchdog.py"), str(run), "--poll", "0.5",
                            "--startup-grace", "6s"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -479,8 +479,8 @@ def test_live_preemption_resubmission_queue_wait_then_ok_done(slurm, tmp_path):
     assert "--slurm-job" not in nxt[1] and nxt[1].endswith("--poll 0.5 --startup-grace 6s"), text
     p = subprocess.run(["bash", "-c", nxt[0]], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0 and p.stdout.startswith("submitted Slurm job "), p.stdout + p.stderr
-    second = read_launch(run)["slurm_job_id"]
-    assert second != first and read_launch(run)["earlier"][0]["slurm_job_id"] == first
+    second = read_launch(run)["job_id"]
+    assert second != first and read_launch(run)["earlier"][0]["job_id"] == first
     assert query(second).waiting, query(second)   # the urgent job holds the node
     rc, text, err = run_script("checkin.py", run)
     assert text.startswith("STARTING ") and f"note: Slurm job {second} is PENDING" in text, text

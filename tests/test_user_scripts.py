@@ -19,7 +19,8 @@ import pytest
 
 from conftest import ROOT, attempts, end_group, launch_line, missing, need, records, run_relaunch, shell, verdict_of, \
     wait_for
-from supervise.guard.hook import Call, decide
+from supervise.guard.hook import decide
+from supervise.guard.shell import Call
 from supervise.act.recovery import relaunch_plan
 from supervise.vocabulary import QUIET
 

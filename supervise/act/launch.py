@@ -20,8 +20,10 @@ relaunch), because every kind that has a relaunch line is one where the old atte
 before the new one starts; this is the one place that decides it.
 
 ``launch.json`` (written atomically; ``read_launch`` gives it back with every field typed):
-pid, pgid, sid, host, create_time (the process's start time, so that a recycled pid is told
-apart), launched_at, argv (the command as given), cwd, window_s, session_id, log, run_dir; and,
+engine (``local``, or the scheduler's: ``slurm``; ``supervise/observe/engines/``), pid, pgid,
+sid, host, create_time (the process's start time, so that a recycled pid is told apart), or for
+a scheduled job job_id and options (the engine's: sbatch's) with no pid, launched_at, argv (the
+command as given), cwd, window_s, session_id, log, run_dir; and,
 once ``stop.py`` ended it: stop {requested_at, by, grace_s, signals, exited_after_s} and
 stopped_at; earlier: [{pid, launched_at, create_time}] of the folder's previous launches, newest
 first (a relaunch that died before its start record still counts toward no_progress); env:
@@ -36,24 +38,20 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import shlex
-import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Optional
 
-from supervise.observe import registry
+from supervise.observe import engines, registry
 from supervise.observe import stacks as st
 from supervise.cli import CommandParser, UsageError, duration, front_door, run_dir_arg
 from supervise.contract import atomic_write_json, is_number, why_unreadable, why_unwritable
-from supervise.observe.probes import here_fields, log_writers, process
+from supervise.observe.probes import log_writers, process
 from supervise.act.recovery import watchdog_line
-from supervise.observe.state import launch_alive, read_launch, update_launch
+from supervise.observe.state import launch_alive, launched, read_launch, update_launch
 from supervise.vocabulary import BUNDLE, ENV, EXIT_OK, LAUNCH, LOG, ON_EXIT_LOG
 
 LOCK = ".launch.lock"
@@ -63,26 +61,6 @@ LOCK = ".launch.lock"
 SESSION_VARS = ("CLAUDE_CODE_SESSION_ID", "CLAUDE_SESSION_ID")
 
 # ----------------------------------------------------------------------------- the launch
-def find_command(name: str, cwd: Path, path: Optional[str]) -> str:
-    """The executable ``name`` runs (as execvp finds it), or UsageError saying why none."""
-    if not name:
-        raise UsageError("the command is an empty word; put the training command after --")
-    if "/" in name:
-        p = Path(name) if os.path.isabs(name) else cwd / name
-        if not p.exists():
-            raise UsageError(f"{name}: no such file (from {cwd}); fix the path")
-        if p.is_dir():
-            raise UsageError(f"{name} is a folder, not a command; give the program to run")
-        if not os.access(p, os.X_OK):
-            raise UsageError(f"{name} is not executable: chmod +x {shlex.quote(name)}, or launch it through its "
-                             f"interpreter (python -u {shlex.quote(name)}, bash {shlex.quote(name)})")
-        return str(p)
-    found = shutil.which(name, path=path)
-    if not found:
-        raise UsageError(f"{name}: command not found on PATH; give its full path or fix the name")
-    return found
-
-
 def _writable(run: Path) -> None:
     why = why_unwritable(run)
     if why:
@@ -164,27 +142,30 @@ def _replace(run: Path, prev: Optional[dict], live: list, grace_s: float) -> lis
     return done
 
 
-def launch(run_dir, argv: list[str], *, window_s: Optional[float] = None, session_id: Optional[str] = None,
-           cwd=None, env: Optional[dict] = None, extra_env: Optional[dict] = None, replace: bool = False,
-           grace_s: float = 30.0) -> dict:
-    """Start ``argv`` detached (own session, stdin /dev/null, output appended to RUN_DIR/train.log,
-    ENV and ``extra_env`` set), record it in ``RUN_DIR/launch.json`` and the registry, return the
-    record at once.
+def launch(run_dir, argv: list[str], *, engine: str = engines.LOCAL, options: tuple = (),
+           window_s: Optional[float] = None, session_id: Optional[str] = None, cwd=None, env: Optional[dict] = None,
+           extra_env: Optional[dict] = None, replace: bool = False, grace_s: float = 30.0) -> dict:
+    """Start ``argv`` through ``engine`` (``local``: detached here, in its own session; ``slurm``:
+    sbatch, with ``options`` its sbatch options), stdin /dev/null, output appended to
+    RUN_DIR/train.log, ENV and ``extra_env`` set; record it in ``RUN_DIR/launch.json`` and the
+    registry, return the record at once.
 
     ``session_id`` [the environment's CLAUDE_CODE_SESSION_ID, else CLAUDE_SESSION_ID, else None]
     is kept for ``--on-exit`` recipes (``claude --resume``). ``cwd`` [the current folder] and
-    ``env`` [os.environ] are the command's. ``replace``: stop the folder's live trainer first
-    (SIGTERM, ``grace_s``, SIGKILL) instead of refusing. UsageError (one line) when anything is
-    wrong, before anything starts: no command, a command not found or not executable, an
-    unwritable folder, a trainer of this folder still alive (without ``replace``)."""
+    ``env`` [os.environ] are the command's. ``replace``: end the folder's live trainer or held job
+    first (SIGTERM, ``grace_s``, SIGKILL; scancel) instead of refusing. UsageError (one line) when
+    anything is wrong, before anything starts: no command, a command not found or not executable,
+    the engine's command missing, an unwritable folder, a trainer or job of this folder still there
+    (without ``replace``)."""
+    eng = engines.engine(engine)
     if not argv:
         raise UsageError("no command to launch: put it after --, e.g. launch.py runs/a -- python -u train.py "
                          "--out runs/a")
     run = Path(os.path.abspath(run_dir))
     cwd = Path(os.path.abspath(cwd or os.getcwd()))
     env = dict(os.environ if env is None else env)
-    extra_env = dict(extra_env or {})
-    exe = find_command(argv[0], cwd, env.get("PATH", os.defpath))
+    variables = {**ENV, **(extra_env or {})}
+    how = eng.check(argv, cwd, env)   # what the engine needs found before anything starts (the executable)
     _writable(run)
     if session_id is None:
         session_id = next((env[v] for v in SESSION_VARS if env.get(v)), None)
@@ -193,40 +174,35 @@ def launch(run_dir, argv: list[str], *, window_s: Optional[float] = None, sessio
         if session_id is None and prev is not None:
             session_id = prev.get("session_id")  # a relaunch run by a shell keeps the chain's conversation
         live = trainers(run, prev)
-        replaced = []
-        if live and not replace:
-            _refuse_live(run_dir, run, prev, live)
-        if live:
-            replaced = _replace(run, prev, live, grace_s)
+        held = prev if prev is not None and prev["engine"] != engines.LOCAL and engines.engine(prev["engine"]).held(prev) \
+            else None
+        if (live or held) and not replace:
+            if live:
+                _refuse_live(run_dir, run, prev, live)
+            raise UsageError(f"{run_dir} already has {launched(held)} queued or running: stop it first "
+                             f"({stop_line(run)}), relaunch with --replace, or launch into another run folder")
+        replaced = _replace(run, prev, live, grace_s) if live else []
+        if held:
+            replaced.append({"job_id": held["job_id"], "how": engines.engine(held["engine"]).cancel(held, grace_s).line})
+        if live or held:
             prev = read_launch(run)
-        nccl = st.flight_recorder_env({**env, **extra_env}, run) if st.cuda_machine(env) else {}  # a GPU here
-        if nccl:
-            (run / st.STACKS / st.NCCL).mkdir(parents=True, exist_ok=True)
-        log = open(run / LOG, "ab")
-        try:
-            child = subprocess.Popen(argv, executable=exe, stdin=subprocess.DEVNULL, stdout=log,
-                                     stderr=subprocess.STDOUT, cwd=cwd, env={**env, **ENV, **nccl, **extra_env},
-                                     start_new_session=True, close_fds=True)
-        except OSError as e:
-            raise UsageError(f"{argv[0]}: cannot run it ({e.strerror or e}); nothing was started")
-        finally:
-            log.close()
-        info = process(child.pid)
-        try:
-            pgid, sid = os.getpgid(child.pid), os.getsid(child.pid)
-        except OSError:  # it already ended: its own session all the same (setsid ran before exec)
-            pgid = sid = child.pid
-        rec = {"pid": child.pid, "pgid": pgid, "sid": sid, "host": socket.gethostname(), **here_fields(),
-               "create_time": info.create_time, "launched_at": time.time(), "argv": list(argv), "cwd": str(cwd),
+        if engine == engines.LOCAL and st.cuda_machine(env):   # a GPU here: NCCL's flight recorder for a hang
+            nccl = st.flight_recorder_env({**env, **variables}, run)
+            if nccl:
+                (run / st.STACKS / st.NCCL).mkdir(parents=True, exist_ok=True)
+            variables = {**nccl, **variables}
+        named = eng.submit(run, argv, cwd=cwd, env=env, variables=variables, log=run / LOG, options=tuple(options),
+                           **how)
+        rec = {**named, "engine": engine, "launched_at": time.time(), "argv": list(argv), "cwd": str(cwd),
                "window_s": window_s, "session_id": session_id, "log": str(run / LOG), "run_dir": str(run),
-               "env": extra_env or None, "replaced": replaced or None,
+               "env": dict(extra_env or {}) or None, "replaced": replaced or None,
                "on_exit": list((prev or {}).get("on_exit") or [])[-50:] or None, "earlier": _earlier(prev)}
         try:
             atomic_write_json(run / LAUNCH, rec)
         except OSError as e:  # nothing half-started: no record, no trainer
-            with contextlib.suppress(OSError):
-                os.killpg(child.pid, signal.SIGKILL)
-            raise UsageError(f"cannot write {run / LAUNCH} ({e.strerror or e}); the trainer was stopped again")
+            with contextlib.suppress(OSError, UsageError):
+                eng.cancel(rec, 0.0)
+            raise UsageError(f"cannot write {run / LAUNCH} ({e.strerror or e}); {launched(rec)} was stopped again")
     registry.record_launch(run, rec)
     return rec
 
@@ -237,78 +213,14 @@ def _earlier(prev: Optional[dict], keep: int = 15) -> list:
         return []
     old = [e for e in prev.get("earlier") or [] if isinstance(e, dict) and is_number(e.get("launched_at"))]
     first = {k: prev.get(k) for k in ("pid", "launched_at", "create_time")}
-    if prev.get("slurm_job_id"):
-        first["slurm_job_id"] = prev["slurm_job_id"]
+    if prev.get("job_id"):
+        first.update(engine=prev["engine"], job_id=prev["job_id"])
     return ([first] + old)[:keep]
-
-
-JOB_ID = re.compile(r"^(\d+)(?:;\S+)?$")
-
-
-def submit(run_dir, argv: list[str], *, sbatch: tuple = (), window_s: Optional[float] = None,
-           session_id: Optional[str] = None, cwd=None, env: Optional[dict] = None, extra_env: Optional[dict] = None,
-           replace: bool = False, runner=subprocess.run) -> dict:
-    """Submit ``argv`` as a Slurm job (``sbatch --parsable``, ``sbatch`` its extra options:
-    partition, resources), its output appended to RUN_DIR/train.log, ENV and ``extra_env`` set,
-    run in ``cwd``; the job id parsed and recorded in RUN_DIR/launch.json's chain (no local pid:
-    the watchdog follows the job). ``replace``: ``scancel`` the folder's last job first when the
-    scheduler still holds it. UsageError (one line) when sbatch is missing or refuses."""
-    from supervise.observe import slurm as sl   # the Slurm path only
-    if not argv:
-        raise UsageError("no command to submit: put it after --, e.g. launch.py runs/a --slurm -- python -u train.py")
-    run = Path(os.path.abspath(run_dir))
-    cwd = Path(os.path.abspath(cwd or os.getcwd()))
-    env = dict(os.environ if env is None else env)
-    extra_env = dict(extra_env or {})
-    if shutil.which("sbatch", path=env.get("PATH", os.defpath)) is None:
-        raise UsageError("sbatch is not on PATH: --slurm submits through Slurm; run it where sbatch works")
-    _writable(run)
-    if session_id is None:
-        session_id = next((env[v] for v in SESSION_VARS if env.get(v)), None)
-    with _locked(run):
-        prev = read_launch(run)
-        if session_id is None and prev is not None:
-            session_id = prev.get("session_id")
-        live = trainers(run, prev)
-        held = prev.get("slurm_job_id") if prev else None
-        held = held if held and not sl.query(held).finished else None
-        if (live or held) and not replace:
-            if live:
-                _refuse_live(run_dir, run, prev, live)
-            raise UsageError(f"{run_dir} already has Slurm job {held} queued or running: scancel {held} first, "
-                             "relaunch with --replace, or launch into another run folder")
-        replaced = _replace(run, prev, live, 30.0) if live else []
-        if held:
-            runner(["scancel", held], capture_output=True, text=True, timeout=30)
-            replaced.append({"slurm_job_id": held, "how": "scancel"})
-        words = " ".join(f"{k}={shlex.quote(v)}" for k, v in {**ENV, **extra_env}.items())
-        cmd = ["sbatch", "--parsable", f"--chdir={cwd}", f"--output={run / LOG}", "--open-mode=append", *sbatch,
-               f"--wrap=exec env {words} {shlex.join(argv)}"]
-        try:
-            p = runner(cmd, capture_output=True, text=True, timeout=60, env=env, cwd=cwd)
-        except (OSError, subprocess.SubprocessError) as e:
-            raise UsageError(f"sbatch did not run ({e}); nothing was submitted")
-        m = JOB_ID.match((p.stdout or "").strip())
-        if p.returncode != 0 or not m:
-            said = ((p.stderr or p.stdout or "").strip().splitlines() or ["no output"])[-1][:200]
-            raise UsageError(f"sbatch refused the job (exit {p.returncode}: {said}); nothing was submitted")
-        rec = {"pid": None, "slurm_job_id": m[1], "sbatch": list(sbatch), "host": None, "launched_at": time.time(),
-               "argv": list(argv), "cwd": str(cwd), "window_s": window_s, "session_id": session_id,
-               "log": str(run / LOG), "run_dir": str(run), "env": extra_env or None, "replaced": replaced or None,
-               "on_exit": list((prev or {}).get("on_exit") or [])[-50:] or None, "earlier": _earlier(prev)}
-        try:
-            atomic_write_json(run / LAUNCH, rec)
-        except OSError as e:
-            runner(["scancel", m[1]], capture_output=True, text=True, timeout=30)
-            raise UsageError(f"cannot write {run / LAUNCH} ({e.strerror or e}); job {m[1]} was cancelled again")
-    registry.record_launch(run, rec)
-    return rec
 
 
 def launched_line(rec: dict) -> str:
     """The launcher's one line: what it started and the watchdog line to run next."""
-    what = f"submitted Slurm job {rec['slurm_job_id']}" if rec.get("slurm_job_id") else \
-        f"launched pid {rec['pid']} (group {rec['pgid']})"
+    what = f"submitted {launched(rec)}" if rec.get("job_id") else f"launched pid {rec['pid']} (group {rec['pgid']})"
     return f"{what}, output >> {rec['log']}; next, with run_in_background: true: {watchdog_line(rec['run_dir'])}"
 
 
@@ -337,16 +249,16 @@ def run_on_exit(cmd: str, *, line: str, kind: Optional[str], code: int, run_dir,
         run = Path(run_dir).resolve()
         rec = read_launch(run) or {}
         if rec and headline:
-            who = rec["pid"] or rec["slurm_job_id"]   # the launch: its pid, or its Slurm job
+            who = rec["pid"] or rec["job_id"]   # the launch: its pid, or its job
             sent = next((e for e in rec.get("on_exit") or [] if isinstance(e, dict)
-                         and (e.get("pid") or e.get("slurm_job_id")) == who and e.get("headline") == headline), None)
+                         and (e.get("pid") or e.get("job_id")) == who and e.get("headline") == headline), None)
             if sent is not None:
-                what = f"pid {rec['pid']}" if rec["pid"] else f"Slurm job {rec['slurm_job_id']}"
+                what = launched(rec)
                 print(f"watchdog.py: --on-exit not run again: it ran for {headline} of {what} "
                       f"{_ago(sent.get('at') or 0)} ago; check in with checkin.py", file=sys.stderr, flush=True)
                 return False
             entry = {"at": time.time(), "pid": rec["pid"], "headline": headline, "verdict": line[:300],
-                     **({"slurm_job_id": rec["slurm_job_id"]} if rec["slurm_job_id"] else {})}
+                     **({"job_id": rec["job_id"]} if rec["job_id"] else {})}
             with contextlib.suppress(OSError, UsageError):
                 update_launch(run, on_exit=[*(rec.get("on_exit") or []), entry][-50:])
         env = {k: v for k, v in os.environ.items() if k != "SUPERVISE_SESSION_ID"}
@@ -399,11 +311,10 @@ def build_parser() -> CommandParser:
     p.add_argument("--replace", action="store_true",
                    help="stop the folder's live trainer first (SIGTERM to its group, --grace, SIGKILL; recorded as "
                         "a stop by the relaunch) instead of refusing: the relaunch line passes it")
-    p.add_argument("--slurm", action="store_true",
-                   help="submit the command as a Slurm job (sbatch --parsable, output appended to RUN_DIR/train.log) "
-                        "and record its job id in launch.json: the watchdog follows the newest job recorded there")
-    p.add_argument("--sbatch", action="append", default=[], metavar="OPTION",
-                   help="with --slurm: an sbatch option (repeatable, one word: --sbatch=--partition=debug)")
+    for eng in engines.scheduled():   # --slurm [--sbatch=OPTION ...]: submit through that engine
+        p.add_argument(eng.LAUNCH_FLAG, dest=f"engine_{eng.NAME}", action="store_true", help=eng.LAUNCH_HELP)
+        p.add_argument(eng.OPTION_FLAG, dest=f"options_{eng.NAME}", action="append", default=[], metavar="OPTION",
+                       help=eng.OPTION_HELP)
     p.add_argument("--grace", type=duration, default=30.0, metavar="DURATION",
                    help="with --replace: how long SIGTERM has before SIGKILL [default: 30s]")
     p.epilog = "usage after the options: -- CMD [ARG ...] (the training command, as you would type it)"
@@ -412,14 +323,17 @@ def build_parser() -> CommandParser:
 
 def main(argv=None) -> int:
     def body(args) -> int:
-        if args.sbatch and not args.slurm:
-            raise UsageError("--sbatch needs --slurm (it is an option of the Slurm submission)")
-        if args.slurm:
-            rec = submit(args.run_dir, args.command, sbatch=tuple(args.sbatch), window_s=args.window,
-                         session_id=args.session_id or None, extra_env=dict(args.env), replace=args.replace)
-        else:
-            rec = launch(args.run_dir, args.command, window_s=args.window, session_id=args.session_id or None,
-                         extra_env=dict(args.env), replace=args.replace, grace_s=args.grace)
+        chosen = [eng for eng in engines.scheduled() if getattr(args, f"engine_{eng.NAME}")]
+        for eng in engines.scheduled():
+            if getattr(args, f"options_{eng.NAME}") and eng not in chosen:
+                raise UsageError(f"{eng.OPTION_FLAG} needs {eng.LAUNCH_FLAG} (it is an option of the "
+                                 f"{eng.NAME.capitalize()} submission)")
+        if len(chosen) > 1:
+            raise UsageError(f"{chosen[0].LAUNCH_FLAG} and {chosen[1].LAUNCH_FLAG}: choose one engine")
+        eng = chosen[0] if chosen else engines.engine(engines.LOCAL)
+        rec = launch(args.run_dir, args.command, engine=eng.NAME, options=tuple(getattr(args, f"options_{eng.NAME}", ())),
+                     window_s=args.window, session_id=args.session_id or None, extra_env=dict(args.env),
+                     replace=args.replace, grace_s=args.grace)
         print(launched_line(rec), flush=True)
         return EXIT_OK
     return front_door(build_parser(), body, argv)

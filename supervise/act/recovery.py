@@ -31,6 +31,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+from supervise.observe import engines
 from supervise.observe.checkpoints import checkpoint_dirs, resume_choice
 from supervise.observe.observation import Verdict
 from supervise.vocabulary import BUNDLE, HPARAMS, PYTHON
@@ -179,26 +180,28 @@ def recipe(start: dict) -> tuple[Optional[list[str]], dict]:
 
 
 def resume_words(start: dict, run_dir, *, checkpoint: Optional[str] = None,
-                 first_bad_step: Optional[int] = None) -> tuple[Optional[list[str]], dict, str]:
+                 first_bad_step: Optional[int] = None,
+                 dirs: Optional[tuple] = None) -> tuple[Optional[list[str]], dict, str]:
     """(argv words, environment, note) that make the script continue: the start record's recipe
     with ``{checkpoint}`` filled in (``checkpoint``, else ``checkpoints.resume_choice``: the newest
     complete one in the run's checkpoint folders written before ``first_bad_step``, the first
-    non-finite record's).
+    non-finite record's). ``dirs``: the checkpoint folders an observation resolved and chose
+    ``checkpoint`` in (``Observation.checkpoint_dirs``): then the disk is not scanned again.
     (None, {}, why) when the relaunch cannot resume: no recipe, or no checkpoint yet."""
     words, env = recipe(start)
     if words is None:
         return None, {}, ("the script declares no resume recipe (the start record has no 'resume'): this relaunch "
                           "starts over from step 0; see references/recovery.md to declare one")
     needs = any(CHECKPOINT in w for w in [*words, *env.values()])
-    dirs = [str(d) for d in checkpoint_dirs(run_dir, start)]
-    if checkpoint is None and (needs or dirs):
+    resolved = dirs is not None
+    dirs = [str(d) for d in (dirs if resolved else checkpoint_dirs(run_dir, start))]
+    if checkpoint is None and not resolved and (needs or dirs):
         chosen, _skipped = resume_choice(run_dir, start, first_bad_step)
         checkpoint = str(chosen.path) if chosen is not None else None
-        if checkpoint is None:
-            where = " or ".join(dirs) if dirs else "(the start record names no checkpoint_dir)"
-            before = f" before the first non-finite record (step {first_bad_step})" if first_bad_step is not None else ""
-            return None, {}, (f"no complete checkpoint under {where}{before}: this relaunch starts over "
-                              "from step 0")
+    if checkpoint is None and (needs or dirs):
+        where = " or ".join(dirs) if dirs else "(the start record names no checkpoint_dir)"
+        before = f" before the first non-finite record (step {first_bad_step})" if first_bad_step is not None else ""
+        return None, {}, f"no complete checkpoint under {where}{before}: this relaunch starts over from step 0"
     fill = (lambda w: w.replace(CHECKPOINT, checkpoint)) if checkpoint else (lambda w: w)
     note = f"resumes from {checkpoint}" if checkpoint and needs else ""
     return [fill(w) for w in words], {k: fill(v) for k, v in env.items()}, note
@@ -237,36 +240,17 @@ def _launch(start: dict, argv: list[str], python: Optional[str]) -> tuple[list[s
     return [exe, "-u", *argv], ""
 
 
-def _sbatch(start: dict, recorded: Optional[list] = None) -> tuple[list[str], str]:
-    """(the sbatch options of a Slurm job's resubmission, a note): the launcher's own (``recorded``,
-    launch.json's ``sbatch``), else the resources the job's variables recorded."""
-    jid = start.get("slurm_job_id")
-    if recorded is not None:
-        return list(recorded), f"a resubmission of Slurm job {jid} through the launcher (the same sbatch options)"
-    job = start.get("slurm") if isinstance(start.get("slurm"), dict) else {}
-    opts = {"job_name": "--job-name", "partition": "--partition", "nodes": "--nodes",
-            "ntasks_per_node": "--ntasks-per-node", "cpus_per_task": "--cpus-per-task", "account": "--account",
-            "qos": "--qos"}
-    args = [f"{flag}={job[k]}" for k, flag in opts.items() if isinstance(job.get(k), str) and job[k]]
-    if isinstance(job.get("gpus_per_node"), str) and job["gpus_per_node"].isdigit() and job["gpus_per_node"] != "0":
-        args.append(f"--gres=gpu:{job['gpus_per_node']}")
-    if isinstance(job.get("mem_per_node"), str) and job["mem_per_node"].isdigit():
-        args.append(f"--mem={job['mem_per_node']}M")
-    return args, (f"a resubmission of Slurm job {jid} through the launcher with the resources its variables "
-                  "recorded (check them against your batch script, which may also set up modules or an environment; "
-                  f"scontrol requeue {jid} re-runs that script unchanged)")
-
-
 def relaunch_plan(start: dict, verdict: Verdict, run_dir, *, python: Optional[str] = None,
                   checkpoint: Optional[str] = None, first_bad_step: Optional[int] = None,
-                  window_s: Optional[float] = None, sbatch: Optional[list] = None) -> tuple[Optional[str], str]:
+                  window_s: Optional[float] = None, engine: Optional[str] = None,
+                  options: Optional[list] = None, checkpoint_dirs: Optional[tuple] = None) -> tuple[Optional[str], str]:
     """(the relaunch line or None, a note). The line is one physical line the agent runs as is
     (it passes supervise.guard.hook and returns at once): ``cd CWD && PY scripts/launch.py RUN
     --replace [--window W] [--env K=V] -- LAUNCHER ARGV RESUME`` with the change the verdict
     calls for (``verdict.change``, the rule table's). Every attempt is a launch: the launcher stops the folder's live trainer first
     (``--replace``), starts the new one detached (own session, stdin /dev/null, appended to
     train.log, the quiet variables) and records it in launch.json's chain. A Slurm job's line is
-    resubmitted through the launcher (``--slurm``, sbatch). The note says why there is no line (relaunching does not fix the
+    resubmitted through the launcher to its engine (``engines.of_start``: ``--slurm``, sbatch). The note says why there is no line (relaunching does not fix the
     kind; the learning rate or batch is not a flag of the script; no argv/cwd), or what the line
     cannot do (no resume recipe or no checkpoint yet: it starts over); '' when there is nothing
     to add.
@@ -274,14 +258,17 @@ def relaunch_plan(start: dict, verdict: Verdict, run_dir, *, python: Optional[st
     ``python``: the interpreter [the start record's ``python``, else ``python``]; ``checkpoint``:
     the checkpoint to resume from [the newest complete one under the start record's
     ``checkpoint_dir`` written before ``first_bad_step``, the first non-finite record's step];
-    ``window_s``: the launch's --window, kept for the new attempt; ``sbatch``: the sbatch options of
-    a job the launcher submitted (launch.json's), kept for its resubmission."""
+    ``checkpoint_dirs``: the folders an observation resolved and chose it in (none is rescanned);
+    ``window_s``: the launch's --window, kept for the new attempt; ``engine`` and ``options``: the
+    engine and its options of a job the launcher submitted (launch.json's: ``slurm``, sbatch's), kept
+    for its resubmission; else the engine the start record says the attempt ran in."""
     argv, note = changed_argv(start, verdict.change, run_dir, verdict.kind)
     cwd = start.get("cwd") if isinstance(start, dict) else None
     if argv is None or not isinstance(cwd, str) or not cwd:
         return None, note or "the start record has no argv/cwd (an older writer): relaunch it by hand"
     notes = [note]
-    words, renv, why = resume_words(start, run_dir, checkpoint=checkpoint, first_bad_step=first_bad_step)
+    words, renv, why = resume_words(start, run_dir, checkpoint=checkpoint, first_bad_step=first_bad_step,
+                                    dirs=checkpoint_dirs)
     notes.append(why)
     if words is not None:
         argv = with_resume(argv, words)
@@ -290,9 +277,10 @@ def relaunch_plan(start: dict, verdict: Verdict, run_dir, *, python: Optional[st
     run = Path(os.path.abspath(run_dir))
     opts = ["--replace"] + (["--window", f"{window_s:g}s"] if window_s else [])
     opts += [f"--env={k}={v}" for k, v in (renv or {}).items()]
-    if isinstance(start.get("slurm_job_id"), str) and start["slurm_job_id"]:
-        args, why = _sbatch(start, sbatch)
-        opts += ["--slurm", *(f"--sbatch={a}" for a in args)]
+    eng = engines.engine(engine) if engine and engine != engines.LOCAL else (engines.of_start(start) or (None,))[0]
+    if eng is not None:
+        words, why = eng.resubmit(start, options)
+        opts += words
         notes.append(why)
     line = f"cd {shlex.quote(cwd)} && " + shlex.join([sys.executable or "python3", str(BUNDLE / "scripts" / "launch.py"),
                                                       str(run), *opts, "--", *launch])
@@ -337,8 +325,9 @@ def fresh_plan(start: dict, run_dir, *, python: Optional[str] = None, window_s: 
     argv, cwd = start.get("argv") if isinstance(start, dict) else None, start.get("cwd") if isinstance(start, dict) else None
     if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv) and isinstance(cwd, str) and cwd):
         return None, None, "the start record has no argv/cwd: start it over by hand in a new folder"
-    if isinstance(start.get("slurm_job_id"), str) and start["slurm_job_id"]:
-        return None, None, "a Slurm job: submit its batch script again with a new output folder"
+    scheduled = engines.of_start(start)
+    if scheduled is not None:
+        return None, None, scheduled[0].FRESH
     new = fresh_folder(run_dir)
     words, _env = recipe(start)
     for i, w in enumerate(words or []):
@@ -369,16 +358,16 @@ def relaunch_line(start: dict, verdict: Verdict, run_dir, **how) -> Optional[str
 
 
 # a watchdog's flags that name the old attempt's processes: a relaunch's watchdog finds its own
-ATTEMPT_FLAGS = ("--pid", "--slurm-job")
+ATTEMPT_FLAGS = ("--pid", *(eng.WATCH_FLAG for eng in engines.scheduled()))
 
 
-def watchdog_line(run_dir, *, python: Optional[str] = None, slurm_job: Optional[str] = None,
+def watchdog_line(run_dir, *, python: Optional[str] = None, job: Optional[tuple] = None,
                   flags=(), relaunch: bool = False, from_now: bool = False) -> str:
     """The watchdog line for the run: ``flags`` are the last watchdog's (``--on-exit`` and
     ``--detach`` included, so a run supervised headlessly stays so); for a relaunch
     (``relaunch``) its ``--pid`` and ``--slurm-job`` are dropped, since they name the old
     attempt's processes (it watches the records after the last start record, so the new
-    attempt's); ``slurm_job``: follow that job; ``from_now``: judge only what is written after
+    attempt's); ``job``: (engine, job id) to follow (``--slurm-job ID``); ``from_now``: judge only what is written after
     its start (``--from-now``: watch on after an alarm that needs no relaunch)."""
     exe = python or sys.executable or "python3"
     kept, skip = [], False
@@ -393,6 +382,6 @@ def watchdog_line(run_dir, *, python: Optional[str] = None, slurm_job: Optional[
         if name == "--from-now":
             continue
         kept.append(f)
-    extra = ["--slurm-job", str(slurm_job)] if slurm_job else []
+    extra = [engines.engine(job[0]).WATCH_FLAG, str(job[1])] if job else []
     extra += ["--from-now"] if from_now else []
     return shlex.join([exe, str(BUNDLE / "scripts" / "watchdog.py"), os.path.abspath(run_dir), *kept, *extra])

@@ -10,7 +10,6 @@ outlives SIGKILL. The stop is recorded in ``RUN_DIR/launch.json`` (atomically): 
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import time
@@ -18,13 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from supervise.cli import Parser, UsageError, duration, front_door, run_dir_arg
+from supervise.observe import engines
 from supervise.observe.probes import group_members, process, same_process
-from supervise.observe.state import read_launch, update_launch, where_launched
+from supervise.observe.engines.local import KILL_WAIT_S, TICK_S
+from supervise.observe.state import launched, read_launch, update_launch, where_launched
 from supervise.vocabulary import EXIT_ANOMALY, EXIT_OK, LAUNCH
 
 GRACE_S = 30.0
-KILL_WAIT_S = 10.0   # after SIGKILL: only a process stuck in the kernel (state D) takes longer
-TICK_S = 0.05
 
 
 @dataclass
@@ -33,85 +32,53 @@ class Stopped:
     line: str
 
 
-def _wait_gone(pgid: int, seconds: float, clock) -> bool:
-    end = clock() + seconds
-    while True:
-        if not group_members(pgid):
-            return True
-        if clock() >= end:
-            return False
-        time.sleep(TICK_S)
-
-
 def stop(run_dir, grace_s: float = GRACE_S, *, by: str = "stop.py", clock=time.monotonic) -> Stopped:
-    """Stop the run launched in ``run_dir``: SIGTERM to its process group, up to ``grace_s`` for
-    it to end, then SIGKILL; ``by`` is recorded as who stopped it. UsageError when there is no
-    launch record, when it was launched on another host, or when this user may not signal it."""
+    """Stop the run launched in ``run_dir`` through its engine (the local one: SIGTERM to its
+    process group, up to ``grace_s`` for it to end, then SIGKILL; Slurm: scancel); ``by`` is
+    recorded as who stopped it, before the first signal. UsageError when there is no launch
+    record, when it was launched on another host, or when this user may not signal it."""
     run = Path(run_dir)
     rec = read_launch(run)
     if rec is None:
         raise UsageError(f"{run} has no readable {LAUNCH}: only a run started by launch.py can be stopped by "
                          "stop.py; end another process with kill")
-    if rec["pid"] is None:   # a job the launcher submitted (--slurm): the scheduler ends it
-        return _cancel(run, rec["slurm_job_id"], by)
-    pid, pgid = rec["pid"], rec["pgid"] or rec["pid"]
-    who = f"pid {pid} (group {pgid})"
-    away = where_launched(rec)
-    if away:
-        raise UsageError(f"{who} was launched {away}: run stop.py there")
-    recycled = pgid == pid and process(pid).alive and not same_process(pid, rec["create_time"])
-    if recycled or not group_members(pgid):
-        return Stopped(EXIT_OK, f"{who} is already gone; nothing to stop")
+    eng = engines.engine(rec["engine"])
+    if rec["engine"] == engines.LOCAL:
+        pid, pgid = rec["pid"], rec["pgid"] or rec["pid"]
+        who = f"pid {pid} (group {pgid})"
+        away = where_launched(rec)
+        if away:
+            raise UsageError(f"{who} was launched {away}: run stop.py there")
+        recycled = pgid == pid and process(pid).alive and not same_process(pid, rec["create_time"])
+        if recycled or not group_members(pgid):
+            return Stopped(EXIT_OK, f"{who} is already gone; nothing to stop")
+    elif not eng.held(rec):   # a job a scheduler ran: it says whether there is one to cancel
+        return Stopped(EXIT_OK, f"{launched(rec)} has already ended; nothing to stop")
     stop_rec = {"requested_at": time.time(), "by": by, "grace_s": grace_s}
-    note = ""
-    try:
-        update_launch(run, stop=stop_rec)
-    except (OSError, UsageError) as e:
-        note = f" (not recorded in {LAUNCH}: {getattr(e, 'strerror', None) or e})"
-    t0 = clock()
-    signals = []
-    try:
-        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, KILL_WAIT_S)):
-            os.killpg(pgid, sig)
-            signals.append(sig.name)
-            if _wait_gone(pgid, wait, clock):
-                break
-    except ProcessLookupError:
-        pass  # gone between the check and the signal
-    except PermissionError:
-        raise UsageError(f"not allowed to signal {who} (another user's process): run stop.py as its owner")
-    took = clock() - t0
-    gone = not group_members(pgid)
-    if not signals:
+    note = _record(run, stop=stop_rec)
+    out = eng.cancel(rec, grace_s, clock)
+    if rec["engine"] != engines.LOCAL:
+        return Stopped(EXIT_OK, out.line)
+    if not out.how:
         return Stopped(EXIT_OK, f"{who} is already gone; nothing to stop")
-    steps = "SIGTERM" if len(signals) == 1 else f"SIGTERM, still running after {grace_s:g}s; SIGKILL"
+    steps = "SIGTERM" if len(out.how) == 1 else f"SIGTERM, still running after {grace_s:g}s; SIGKILL"
     if not note:
-        try:
-            update_launch(run, stop={**stop_rec, "signals": signals, "exited_after_s": round(took, 2) if gone else None},
-                          **({"stopped_at": time.time()} if gone else {}))
-        except (OSError, UsageError) as e:
-            note = f" (not recorded in {LAUNCH}: {getattr(e, 'strerror', None) or e})"
-    if not gone:
-        return Stopped(EXIT_ANOMALY, f"{who}: {steps}, still running {took:.1f}s later (a process stuck in the "
+        took = round(out.took, 2) if out.gone else None
+        note = _record(run, stop={**stop_rec, "signals": out.how, "exited_after_s": took},
+                       **({"stopped_at": time.time()} if out.gone else {}))
+    if not out.gone:
+        return Stopped(EXIT_ANOMALY, f"{who}: {steps}, still running {out.took:.1f}s later (a process stuck in the "
                                      f"kernel?); see ps -g {pgid}{note}")
-    return Stopped(EXIT_OK, f"stopped {who}: {steps}, exited after {took:.1f}s{note}")
+    return Stopped(EXIT_OK, f"stopped {who}: {steps}, exited after {out.took:.1f}s{note}")
 
 
-def _cancel(run: Path, job_id: str, by: str) -> Stopped:
-    """``scancel`` of the folder's Slurm job, recorded like a stop."""
-    import subprocess
-    from supervise.observe.slurm import query
-    if query(job_id).finished:
-        return Stopped(EXIT_OK, f"Slurm job {job_id} has already ended; nothing to stop")
-    with contextlib.suppress(OSError, UsageError):
-        update_launch(run, stop={"requested_at": time.time(), "by": by, "scancel": job_id})
+def _record(run: Path, **fields) -> str:
+    """Merge ``fields`` into launch.json; '' when written, else the note saying why not."""
     try:
-        p = subprocess.run(["scancel", job_id], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError) as e:
-        raise UsageError(f"scancel {job_id} did not run ({e}); cancel the job where Slurm runs")
-    if p.returncode != 0:
-        raise UsageError(f"scancel {job_id} failed: {(p.stderr or p.stdout).strip()[:200]}")
-    return Stopped(EXIT_OK, f"cancelled Slurm job {job_id} (scancel)")
+        update_launch(run, **fields)
+        return ""
+    except (OSError, UsageError) as e:
+        return f" (not recorded in {LAUNCH}: {getattr(e, 'strerror', None) or e})"
 
 
 def stop_pids(pids: list[int], grace_s: float = GRACE_S, *, clock=time.monotonic) -> list[int]:

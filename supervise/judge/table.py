@@ -37,9 +37,9 @@ from supervise.observe import volumes as vol
 from supervise.observe.checkpoints import remaining_saves, rule_disk as disk_ahead
 from supervise.observe.logs import ENOSPC, enospc_line, is_environment, is_fallout, last_error, oom_line
 from supervise.observe.observation import Observation, Verdict
-from supervise.observe.slurm import slurm_anomaly
 from supervise.thresholds import Thresholds
-from supervise.vocabulary import AS_IS, FIX_FIRST, RELAUNCH, STOP_ASK, WATCH_ON, Anomaly, anomaly, secs
+from supervise.vocabulary import (ANOMALY, AS_IS, DONE, FINISHING, FIX_FIRST, GONE, RELAUNCH, STOP_ASK, STOPPED,
+                                  WATCH_ON, WATCHING, Anomaly, anomaly, secs)
 
 # How near the end of the log an error must be to be the process's last word (lines after it).
 LAST_WORDS = 40
@@ -57,9 +57,22 @@ class Rule:
     escalates: bool = False          # consulted only over an alarm with a relaunch change, and then reported instead
     alarm_flag: Optional[str] = None  # the Thresholds switch without which it is a check-in warning, not an alarm
     move: str = FIX_FIRST            # the next move after it (vocabulary.MOVES); ``move_for`` refines a few by the facts
+    engine: bool = False             # a scheduler's end of the job may be of this kind (rule_engine), consulted first
+    hang: str = ""                   # a hang kind: its line names what the watchdog's capture found (obs.hang), the
+                                     # capture's fix in place of the row's ("fix") or before it ("then")
 
     def find(self, obs: Observation, th: Thresholds) -> Optional[Anomaly]:
-        return self.check(obs, th) if self.check is not None else obs.records.hits.get(self.kind)
+        found = self._find(obs, th)
+        return _named(found, obs, keep_fix=self.hang == "then") if self.hang and found is not None else found
+
+    def _find(self, obs: Observation, th: Thresholds) -> Optional[Anomaly]:
+        if self.engine:
+            found = rule_engine(obs, th)
+            if found is not None and found.kind == self.kind:
+                return found
+        if self.check is not None:
+            return self.check(obs, th)
+        return obs.records.hits.get(self.kind) if self.record is not None else None
 
     def is_warning(self, th: Thresholds) -> bool:
         """A check-in warning, not an alarm (overfit unless --overfit-alarm)."""
@@ -159,8 +172,8 @@ def rule_disk(obs, th):
 
 
 def rule_crash(obs, th):
-    if obs.slurm is not None:
-        return None  # the scheduler says how the job ended (slurm_anomaly reads its output): a log line may be its cancel
+    if obs.job is not None:
+        return None  # the scheduler says how the job ended (rule_engine): a log line may be its cancel
     cause = _root_cause(obs, th)
     if cause is not None:
         return cause if cause.kind == "crash" else None
@@ -184,8 +197,8 @@ def _who_died(obs: Observation) -> str:
 
 
 def rule_dead(obs, th):
-    if obs.slurm is not None:
-        return None  # the scheduler says how the job ended (slurm_anomaly)
+    if obs.job is not None:
+        return None  # the scheduler says how the job ended (rule_engine)
     step = obs.records.last_step
     fix = ("The trainer exited without writing its sentinel: read the end of train.log through "
            "checkin.py, then relaunch from the last checkpoint")
@@ -248,9 +261,9 @@ def rule_stall(obs, th):
                        "or kill it and relaunch")
     if not obs.has_steps or obs.quiet_since is None or _ended(obs, th) or obs.relaunch is not None:
         return None
-    if obs.slurm_waiting:
+    if obs.job_waiting:
         return None  # queued or requeued: no record is expected until the job runs again
-    if obs.slurm is not None and obs.metrics_mtime is not None and obs.metrics_mtime < obs.started \
+    if obs.job is not None and obs.metrics_mtime is not None and obs.metrics_mtime < obs.started \
             and obs.now - obs.started <= th.startup_grace:
         return None  # the job (re)started after its last record: its start-up grace comes first
     if obs.processes and not obs.alive:
@@ -270,7 +283,7 @@ def rule_stall(obs, th):
 
 
 def rule_no_telemetry(obs, th):
-    if obs.has_steps or obs.slurm_waiting:
+    if obs.has_steps or obs.job_waiting:
         return None
     waited = obs.now - obs.started
     if waited <= th.startup_grace:
@@ -317,25 +330,15 @@ def rule_no_progress(obs, th, last: Optional[str] = None):
     return no_progress(attempts, last=last)
 
 
-def rule_slurm(kind: str):
-    def check(obs, th):
-        if obs.slurm is None or obs.slurm_waiting:
-            return None
-        found = slurm_anomaly(obs.slurm, obs.sentinel is not None, obs.records.last_step)
-        return found if found is not None and found.kind == kind else None
-    check.__name__ = f"slurm_{kind}"
-    return check
-
-
-def _first(*checks):
-    def check(obs, th):
-        for c in checks:
-            found = c(obs, th)
-            if found is not None:
-                return found
+def rule_engine(obs, th):
+    """The one engine rule: the end the scheduler reports for the job (``Observation.job.end``,
+    read by its engine in observe), unless the sentinel completes the run. Every row with
+    ``engine=True`` consults it first and keeps it when the kind is its own, so the table's order
+    still decides."""
+    job = obs.job
+    if job is None or not job.ended or job.end is None or obs.sentinel is not None:
         return None
-    check.__name__ = "_".join(c.__name__ for c in checks)
-    return check
+    return anomaly(job.end.kind, job.end.what, obs.records.last_step, job.end.fix)
 
 
 def rule_gpu_idle(obs, th):
@@ -362,23 +365,19 @@ def rule_timeout(obs, th):
                    "best checkpoint, and bench again before relaunching a shorter run")
 
 
-def _stacked(check, keep_fix: bool = False):
-    """A hang kind's check whose line names what the watchdog's capture found (``obs.hang``):
+def _named(found: Anomaly, obs: Observation, keep_fix: bool = False) -> Anomaly:
+    """A hang kind's anomaly with its line naming what the watchdog's capture found (``obs.hang``):
     where every rank sits and the stacks folder, or why no stack could be taken."""
-    def named(obs, th):
-        found = check(obs, th)
-        if found is None or obs.hang is None:
-            return found
-        tail = f" at step {found.step}. "
-        at = found.message.find(tail)
-        if at < 0:
-            return found
-        what, fix = found.message[len(f"ANOMALY {found.kind}: "):at], found.message[at + len(tail):].rstrip(".")
-        then = fix[0].lower() + fix[1:] if keep_fix and fix else ""
-        from supervise.observe.stacks import hang_fix   # only once a capture exists: off every look's start-up
-        return anomaly(found.kind, what, found.step, hang_fix(obs.hang, fix, then))
-    named.__name__ = check.__name__
-    return named
+    if obs.hang is None:
+        return found
+    tail = f" at step {found.step}. "
+    at = found.message.find(tail)
+    if at < 0:
+        return found
+    what, fix = found.message[len(f"ANOMALY {found.kind}: "):at], found.message[at + len(tail):].rstrip(".")
+    then = fix[0].lower() + fix[1:] if keep_fix and fix else ""
+    from supervise.observe.stacks import hang_fix   # only once a capture exists: off every look's start-up
+    return anomaly(found.kind, what, found.step, hang_fix(obs.hang, fix, then))
 
 
 RULES = (
@@ -386,17 +385,17 @@ RULES = (
     Rule("no_progress", rule_no_progress, escalates=True),
     Rule("nan", change="lr", record=rr.Nan, move=RELAUNCH),
     Rule("fatal", rule_fatal, "same", record=rr.Fatal, move=AS_IS),
-    Rule("oom", _first(rule_slurm("oom"), rule_oom), "batch", process=True, move=RELAUNCH),
+    Rule("oom", rule_oom, "batch", process=True, engine=True, move=RELAUNCH),
     Rule("disk", rule_disk, "same", process=True, move=AS_IS),
-    Rule("crash", _first(rule_slurm("crash"), rule_crash), "same", process=True, move=AS_IS),
-    Rule("node_fail", rule_slurm("node_fail"), "same", process=True, move=AS_IS),
-    Rule("preempted", rule_slurm("preempted"), "same", process=True, move=AS_IS),
+    Rule("crash", rule_crash, "same", process=True, engine=True, move=AS_IS),
+    Rule("node_fail", None, "same", process=True, engine=True, move=AS_IS),
+    Rule("preempted", None, "same", process=True, engine=True, move=AS_IS),
     Rule("diverged", change="lr", record=rr.Diverged, move=RELAUNCH),
     Rule("loss_spike", change="lr", record=rr.LossSpike, move=RELAUNCH),
-    Rule("dead", _first(rule_slurm("dead"), rule_dead), "same", process=True, move=AS_IS),
-    Rule("rank_hang", _stacked(rule_rank_hang), "same", process=True, move=AS_IS),
-    Rule("stall", _stacked(rule_stall), "same", process=True, move=AS_IS),
-    Rule("no_telemetry", _stacked(rule_no_telemetry), process=True),
+    Rule("dead", rule_dead, "same", process=True, engine=True, move=AS_IS),
+    Rule("rank_hang", rule_rank_hang, "same", process=True, move=AS_IS, hang="fix"),
+    Rule("stall", rule_stall, "same", process=True, move=AS_IS, hang="fix"),
+    Rule("no_telemetry", rule_no_telemetry, process=True, hang="fix"),
     Rule("inverted_labels", record=rr.InvertedLabels, move=STOP_ASK),
     Rule("stuck_auroc", record=rr.StuckAuroc, move=STOP_ASK),
     Rule("chance_loss", record=rr.ChanceLoss, move=STOP_ASK),
@@ -406,13 +405,23 @@ RULES = (
     Rule("throughput", record=rr.Throughput, move=WATCH_ON),
     Rule("straggler", rule_straggler, process=True, move=WATCH_ON),
     Rule("gpu_idle", rule_gpu_idle, process=True, move=WATCH_ON),
-    Rule("timeout", _stacked(_first(rule_slurm("timeout"), rule_timeout), keep_fix=True), process=True,
-         move=STOP_ASK),
+    Rule("timeout", rule_timeout, process=True, engine=True, move=STOP_ASK, hang="then"),
 )
 # Derived from the one table, never kept beside it:
 BY_KIND = {r.kind: r for r in RULES}
 KINDS = tuple(BY_KIND)                                        # every kind, most specific first
 RECORD_RULES = tuple(r.record for r in RULES if r.record)     # what the observer folds the records with
+HANG_KINDS = tuple(r.kind for r in RULES if r.hang)           # a live process's stacks are taken (watch.py)
+
+
+def is_hang(verdict: Verdict, obs: Observation) -> bool:
+    """The verdict is a hang with a live process of the run on this host to look at: a hang
+    kind's (``HANG_KINDS``), but not a suspended process (its line says so)."""
+    if verdict.state != ANOMALY or verdict.kind not in HANG_KINDS:
+        return False
+    if any(p.state == "stopped" for p in obs.processes) or "stopped" in obs.rank_procs.values():
+        return False
+    return bool(obs.alive) or any(s not in GONE for s in obs.rank_procs.values())
 
 
 def move_for(kind: Optional[str], message: str = "", obs: Optional[Observation] = None,
@@ -456,7 +465,7 @@ def is_warning(kind: str, th: Thresholds) -> bool:
 
 
 def _headline(obs: Observation) -> str:
-    queued = obs.slurm is not None and (obs.slurm_waiting or obs.slurm.running)
+    queued = obs.job is not None and (obs.job.waiting or obs.job.running)
     if obs.relaunch is not None or (not obs.records.n_steps and (obs.alive or queued)):
         return "STARTING"
     if not obs.records.n_steps:
@@ -468,9 +477,9 @@ def _notes(obs: Observation) -> tuple:
     notes = []
     if obs.visibility:
         notes.append(f"process not visible here: {obs.visibility}; judged by its records")
-    if obs.slurm is not None and obs.slurm_waiting:
-        j = obs.slurm
-        notes.append(f"Slurm job {j.job_id} is {j.state}{f' ({j.reason})' if j.reason not in ('', 'None') else ''}: it waits in the "
+    if obs.job_waiting:
+        j = obs.job
+        notes.append(f"{j.engine.capitalize()} job {j.job_id} is {j.state}{f' ({j.reason})' if j.reason else ''}: it waits in the "
                      "queue, and no record is expected until it runs")
     if obs.relaunch is not None:
         p = obs.relaunch
@@ -490,7 +499,7 @@ def _done(obs: Observation, notes: tuple) -> Verdict:
     ran = obs.now - obs.watch_started
     line = (f"OK done: {obs.sentinel_name} written at step {obs.records.last_step}{of}{attempt} "
             f"after {ran:.0f}s of watching{facts}")
-    return Verdict("done", line, None, "DONE", notes)
+    return Verdict(DONE, line, None, "DONE", notes)
 
 
 def judge(obs: Observation, th: Thresholds) -> Verdict:
@@ -507,7 +516,7 @@ def judge(obs: Observation, th: Thresholds) -> Verdict:
         first = next((a for r in RULES if not r.process and not r.escalates and not r.is_warning(th)
                       for a in (r.find(obs, th),) if a is not None), None)
         if first is None:  # a first hit before the stop is still the verdict
-            return Verdict("stopped", f"STOPPED: {obs.stopped} at step {obs.records.last_step}; no anomaly before it",
+            return Verdict(STOPPED, f"STOPPED: {obs.stopped} at step {obs.records.last_step}; no anomaly before it",
                            None, "STOPPED", notes, warnings)
     late = finished and _after_sentinel(obs)
     for rule in RULES:
@@ -519,24 +528,24 @@ def judge(obs: Observation, th: Thresholds) -> Verdict:
         if found is None or rule.is_warning(th):
             continue
         if obs.hold_for > 0:
-            return Verdict("watching", "", None, _headline(obs), notes, warnings, recheck_in=obs.hold_for)
+            return Verdict(WATCHING, "", None, _headline(obs), notes, warnings, recheck_in=obs.hold_for)
         if move_for(found.kind, found.message, obs, th)[1] is not None:
             found = rule_no_progress(obs, th, last=found.kind) or found
         move, change = move_for(found.kind, found.message, obs, th)
-        return Verdict("anomaly", found.message, found, f"ANOMALY {found.kind}", notes, warnings,
+        return Verdict(ANOMALY, found.message, found, f"ANOMALY {found.kind}", notes, warnings,
                        change=change, move=move)
     if obs.sentinel is not None:
         if obs.hold_for > 0:
-            return Verdict("watching", "", None, _headline(obs), notes, warnings, recheck_in=obs.hold_for)
+            return Verdict(WATCHING, "", None, _headline(obs), notes, warnings, recheck_in=obs.hold_for)
         quiet = obs.now - obs.sentinel_mtime if obs.sentinel_mtime is not None else 0.0
         if trainer and quiet <= obs.stall_after:
-            return Verdict("finishing", "", None, "FINISHING",
+            return Verdict(FINISHING, "", None, "FINISHING",
                            notes + (f"{obs.sentinel_name} written; pid {trainer[0].pid} is finishing "
                                     "(a final save or eval): done when it exits",), warnings)
         v = _done(obs, notes + ((f"pid {trainer[0].pid} still runs {secs(quiet)} after the sentinel",)
                                 if trainer else ()))
         return Verdict(v.state, v.line, None, v.headline, v.notes, warnings)
-    return Verdict("watching", "", None, _headline(obs), notes, warnings, recheck_in=_stall_due_in(obs))
+    return Verdict(WATCHING, "", None, _headline(obs), notes, warnings, recheck_in=_stall_due_in(obs))
 
 
 def _stall_due_in(obs: Observation) -> float:
@@ -555,7 +564,7 @@ def _stall_due_in(obs: Observation) -> float:
 def watchdog_ended(w) -> bool:
     """The run's watchdog (``Observation.watchdog``) ended on a verdict about the run: done, a
     stop, or an anomaly of a kind of this table (not a failure of its own)."""
-    return w is not None and w.ended and (w.state != "anomaly" or w.kind in KINDS)
+    return w is not None and w.ended and (w.state != ANOMALY or w.kind in KINDS)
 
 
 def _watchdog_verdict(obs: Observation, th: Thresholds, notes: tuple, warnings: tuple) -> Optional[Verdict]:
@@ -564,11 +573,11 @@ def _watchdog_verdict(obs: Observation, th: Thresholds, notes: tuple, warnings: 
     w = obs.watchdog
     if not watchdog_ended(w) or not w.same_attempt or obs.relaunch is not None:
         return None
-    if w.state == "anomaly":
+    if w.state == ANOMALY:
         a = Anomaly(w.kind, w.step, w.message)
         move, change = move_for(w.kind, w.message, obs, th)
-        return Verdict("anomaly", w.message, a, f"ANOMALY {w.kind}", notes, warnings, change=change, move=move)
-    return Verdict(w.state, w.message, None, "DONE" if w.state == "done" else "STOPPED", notes, warnings)
+        return Verdict(ANOMALY, w.message, a, f"ANOMALY {w.kind}", notes, warnings, change=change, move=move)
+    return Verdict(w.state, w.message, None, "DONE" if w.state == DONE else "STOPPED", notes, warnings)
 
 
 def _after_sentinel(obs: Observation) -> bool:

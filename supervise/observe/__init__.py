@@ -3,7 +3,8 @@ poll (``observer.Observer``). Processes and their one liveness test (``probes``)
 and watchdog records (``state``, ``registry``), train.log (``logs``), the records folded through
 the record rules and the stall clock (``records``, kept between looks by ``scan``), ranks'
 heartbeats (``ranks``), checkpoints (``checkpoints``), the volumes a run fills (``volumes``), a
-hang's stacks (``stacks``) and the scheduler (``slurm``).
+hang's stacks (``stacks``) and the schedulers (``engines``: one module per engine, one
+registration).
 
 May import: the contract layer (``supervise.vocabulary``, ``thresholds``, ``cli``, ``contract``)
 and its own modules; never ``judge``, ``act``, ``tools`` or ``guard``

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping, Optional
 
-from supervise.vocabulary import EXIT_ANOMALY, EXIT_OK, GONE
+from supervise.vocabulary import ANOMALY, EXIT_ANOMALY, EXIT_OK, GONE
 
 EMPTY: Mapping = MappingProxyType({})
 
@@ -129,11 +129,11 @@ class Observation:
     rank_procs: Mapping = field(default_factory=lambda: EMPTY)      # pid -> state of the local ranks' processes
     rank_where: Mapping = field(default_factory=lambda: EMPTY)      # rank -> why its pid is not probed here (probes.locality:
                                                                     # "host", "pid_ns", "boot"); judged by its heartbeats
-    slurm: Any = None                # slurm.SlurmJob, with --slurm-job
-    slurm_waiting: bool = False      # the job is queued or requeued: no process is expected
+    job: Any = None                  # engines.Job: the scheduled job followed (launch.json's, --slurm-job), when one is
     gpu_util: Optional[float] = None # max utilization of the run's GPUs, %; None: no GPU reading
     gpu_idle_for: float = 0.0
     gpu_lines: tuple = ()            # one line per GPU, or the reason there is no reading
+    checkpoint_dirs: tuple = ()      # the run's checkpoint folders, resolved once (--checkpoint-dir, the start record's, RUN/checkpoints)
     disk: Any = None                 # checkpoints.DiskState of the run's checkpoint folders; None when none is known
     resume: Any = None               # checkpoints.Checkpoint a relaunch resumes from (choose_resume), or None
     resume_skipped: tuple = ()       # (Checkpoint, why) newer ones it skips: torn, or written after the first NaN
@@ -153,6 +153,11 @@ class Observation:
     @property
     def alive(self) -> list:
         return [p for p in self.processes if p.alive]
+
+    @property
+    def job_waiting(self) -> bool:
+        """The scheduler holds the job in its queue (or requeued it): no process, no record is expected."""
+        return self.job is not None and self.job.waiting
 
     @property
     def has_steps(self) -> bool:
@@ -175,7 +180,7 @@ class Verdict:
 
     @property
     def code(self) -> int:
-        return EXIT_ANOMALY if self.state == "anomaly" else EXIT_OK
+        return EXIT_ANOMALY if self.state == ANOMALY else EXIT_OK
 
     @property
     def kind(self) -> Optional[str]:

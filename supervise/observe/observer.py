@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from supervise.observe import slurm as sl
+from supervise.observe import engines
 from supervise.observe.checkpoints import CheckpointWatch, checkpoint_dirs, choose_resume, declared_keep
 from supervise.contract import TailReader, is_count, is_finite, read_json, why_unreadable
 from supervise.observe.logs import cgroup_dir, kernel_oom_lines, killed_reason, last_error, log_tail, oom_kills, oom_line, root_cause
@@ -55,7 +55,7 @@ class Observer:
 
     def __init__(self, run_dir, thresholds: Thresholds = Thresholds(), record_rules: tuple = (), pids=(), log=None,
                  sentinel: str = SENTINEL, gpu=None, num_labels_given: bool = False, clock=time.time,
-                 one_shot: bool = False, slurm_job: Optional[str] = None, slurm_runner=None,
+                 one_shot: bool = False, job: Optional[tuple] = None, runner=None,
                  notable: bool = True, checkpoint_dirs: tuple = (), watchdog_state=None, keep_scan: bool = True,
                  from_now: bool = False):
         self.run_dir = Path(run_dir)
@@ -88,10 +88,9 @@ class Observer:
         self.rank_files = RankFiles(self.run_dir)
         self.cgroup = None
         self.oom_before: Optional[int] = None
-        self.slurm_job = slurm_job
-        self.slurm_runner = slurm_runner
-        self.slurm_running_since: Optional[float] = None
-        self._followed: Optional[str] = None  # the job id the running clock is of
+        self.job = job                   # (engine, job id) given (--slurm-job), else launch.json's job
+        self.runner = runner             # the engine's command runner (tests replay recorded outputs)
+        self._clocks: tuple = (None, None, None)  # ((engine, job id), waiting since, running since)
         self.idle_since: Optional[float] = None
         self.last: Optional[Observation] = None
         self.explicit_checkpoint_dirs = tuple(str(d) for d in checkpoint_dirs)
@@ -226,7 +225,7 @@ class Observer:
             return None
         start_pid = start.get("pid") if not self._start_away(start) else None   # another namespace's: not a pid of ours
         newer = [p for p in procs if not p.child and p.pid != start_pid and p.seen_alive
-                 and p.create_time and p.create_time > start_t + 1]
+                 and born_after(p.create_time, start_t)]
         if launch is not None and is_finite(launch.get("launched_at")) and launch["launched_at"] > start_t + 1:
             newer += [p for p in procs if p.pid == launch["pid"] and p not in newer]
         return max(newer, key=lambda p: p.create_time or 0.0) if newer else None
@@ -250,7 +249,7 @@ class Observer:
         m = _mtime(self.metrics)
         if m is not None and m > mtime + 0.5:
             return None, mtime  # records were written after it: a relaunch into an old folder
-        if any(p.alive and p.create_time and p.create_time > mtime for p in procs):
+        if any(p.alive and born_after(p.create_time, mtime) for p in procs):
             return None, mtime  # a live trainer started after it
         return final, mtime
 
@@ -282,23 +281,24 @@ class Observer:
         return util, (now - self.idle_since) if self.idle_since is not None else 0.0, \
             tuple(g.line() for g in report.gpus)
 
-    def _job_id(self, launch: Optional[dict]) -> Optional[str]:
-        """The Slurm job followed: --slurm-job, else the newest job launch.json records (--slurm)."""
-        return self.slurm_job or (launch or {}).get("slurm_job_id")
+    def _followed(self, launch: Optional[dict]) -> Optional[tuple]:
+        """(engine, job id) of the scheduled job followed: the one given, else launch.json's newest."""
+        return self.job or engines.of_launch(launch)
 
-    def _slurm(self, now: float, launch: Optional[dict]):
-        job_id = self._job_id(launch)
-        if job_id is None:
+    def _job(self, now: float, launch: Optional[dict]) -> Optional[engines.Job]:
+        """What the engine says of the job followed, with when this watchdog first saw it wait
+        and run (a resubmission starts its own clocks; the start-up grace counts from the run)."""
+        followed = self._followed(launch)
+        if followed is None:
             return None
-        if job_id != self._followed:
-            self._followed, self.slurm_running_since = job_id, None   # a resubmission: its own grace
-        kw = {"runner": self.slurm_runner} if self.slurm_runner else {}
-        job = sl.query(job_id, **kw)
-        if job.running and self.slurm_running_since is None:
-            self.slurm_running_since = now
+        job = engines.engine(followed[0]).state(followed[1], runner=self.runner)
+        key, waiting, running = self._clocks if self._clocks[0] == followed else (followed, None, None)
         if job.waiting:
-            self.slurm_running_since = None
-        return job
+            waiting, running = waiting or now, None
+        elif job.running:
+            waiting, running = None, running or now
+        self._clocks = (key, waiting, running)
+        return dataclasses.replace(job, waiting_since=waiting, running_since=running)
 
     def _time_limit(self, start: dict, launch: Optional[dict]) -> tuple:
         """(seconds from the run's start after which it is over its plan, where that comes from)."""
@@ -404,13 +404,13 @@ class Observer:
         if stop and is_finite(stop.get("requested_at")) and not (is_finite(start.get("time"))
                                                                   and stop["requested_at"] < start["time"]):
             stopped = f"pid {launch['pid']} stopped by {stop.get('by') or 'scripts/stop.py'}"
-        job = self._slurm(now, launch)
-        submitted = bool(launch and launch.get("slurm_job_id") and launch.get("slurm_job_id") == self._job_id(launch)
+        job = self._job(now, launch)
+        submitted = bool(engines.of_launch(launch) and engines.of_launch(launch) == self._followed(launch)
                          and not (is_finite(start.get("time")) and start["time"] > launch["launched_at"]))
         if submitted and records.start:   # the submitted job has not written its start record: the old attempt is history
             records = Records(start=records.start, attempts=records.attempts)
         sentinel, sentinel_mtime = self._sentinel(procs, start) if relaunch is None and not submitted else (None, None)
-        waiting = bool(job and job.waiting)
+        waiting = bool(job and job.waiting)  # queued or requeued
         if waiting or submitted:
             procs = []  # queued, requeued or not yet written: no process is expected, none is dead
         alive = [p for p in procs if p.alive]
@@ -429,14 +429,14 @@ class Observer:
         if is_finite(start.get("time")) and not births:
             started = min(started, start["time"])
         if job is not None:
-            started = self.slurm_running_since or now  # the grace starts when the job runs
+            started = job.running_since or now  # the grace starts when the job runs
         heard = start.get("time")
         if self.from_now and is_finite(heard):
             heard = max(heard, self.watch_started)
         ranks = self.rank_files.poll(since=heard) if relaunch is None and not submitted else {}
         away = rank_where(ranks, self.me)      # ranks of another host, PID namespace or boot: judged by their heartbeats
         rank_procs = {pid: self.procs.read(pid).state for pid in local_pids(ranks, self.me)}
-        stall_after, stall_why = self.run.stall.limit()
+        stall_after, stall_why = self.run.stall.limit(quiet)
         util, idle_for, gpu_lines = self._gpu(now, bool(alive), tuple(self.known))
         limit, limit_why = self._time_limit(start, launch)
         disk = self._disk(now, start)
@@ -460,8 +460,9 @@ class Observer:
             stall_soonest=self.run.stall.soonest(),
             sentinel=frozen(sentinel) if sentinel is not None else None, sentinel_name=self.sentinel.name,
             sentinel_mtime=sentinel_mtime, log_tail=lines, log_mtime=log_mtime, root_cause=cause, killed=killed,
-            ranks=ranks, rank_procs=rank_procs, rank_where=frozen(away), slurm=job, slurm_waiting=waiting, gpu_util=util,
-            gpu_idle_for=idle_for, gpu_lines=gpu_lines, disk=disk, resume=resume, resume_skipped=tuple(skipped),
+            ranks=ranks, rank_procs=rank_procs, rank_where=frozen(away), job=job, gpu_util=util,
+            gpu_idle_for=idle_for, gpu_lines=gpu_lines, checkpoint_dirs=self._ckpt[0][0] if self._ckpt[0] else (),
+            disk=disk, resume=resume, resume_skipped=tuple(skipped),
             volume_free=disk_free(str(self.run_dir)), volumes=volumes, last_error=(oom_line(lines) or last_error(lines)) if lines else None,
             blind=self.reader.error or why_unreadable(self.log), hold_for=hold,
             time_limit=limit, time_limit_why=limit_why, failed_launches=failed, stopped=stopped,

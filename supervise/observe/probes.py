@@ -42,16 +42,23 @@ class ProcInfo:
         return self.state not in GONE
 
 
+def proc_stat(pid: int) -> Optional[tuple]:
+    """(name, fields) of ``/proc/PID/stat``, the one parser of it: ``fields`` are the words after
+    the name, so ``fields[0]`` is the state letter, ``[1]`` the parent pid, ``[2]`` the process
+    group, ``[11]``/``[12]`` user/system ticks, ``[19]`` the start in ticks after boot, ``[21]``
+    the resident pages. None when it cannot be read (FileNotFoundError: the pid is gone)."""
+    with open(f"/proc/{pid}/stat") as f:
+        stat = f.read()
+    return stat[stat.find("(") + 1: stat.rfind(")")], stat[stat.rfind(")") + 2:].split()
+
+
 def _proc_stat(pid: int) -> Optional[ProcInfo]:
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
+        name, rest = proc_stat(pid)
     except FileNotFoundError:
         return ProcInfo(pid, "gone")
     except OSError:
         return None
-    name = stat[stat.find("(") + 1: stat.rfind(")")]
-    rest = stat[stat.rfind(")") + 2:].split()
     try:
         create = _boot_time() + int(rest[19]) / _TICKS
     except (OSError, StopIteration, IndexError, ValueError):
@@ -112,8 +119,7 @@ def cpu_seconds(pid: int) -> Optional[float]:
         except psutil.Error:
             return None
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            rest = f.read().rsplit(")", 1)[1].split()
+        rest = proc_stat(pid)[1]
         return (int(rest[11]) + int(rest[12])) / _TICKS
     except (OSError, IndexError, ValueError):
         return None
@@ -150,11 +156,9 @@ def group_members(pgid: int) -> list[int]:
             if not d.isdigit():
                 continue
             try:
-                with open(f"/proc/{d}/stat") as f:
-                    stat = f.read()
+                rest = proc_stat(int(d))[1]
             except OSError:
                 continue
-            rest = stat[stat.rfind(")") + 2:].split()
             if len(rest) > 2 and rest[2] == str(pgid) and _PROC_STATES.get(rest[0], "running") not in GONE:
                 out.append(int(d))
         return out
@@ -186,16 +190,15 @@ def log_writers(log_path, exclude=()) -> dict[int, int]:
             except OSError:
                 continue
             if link == target or link == target + " (deleted)":
-                out[pid] = _ppid(pid)
+                out[pid] = parent_pid(pid)
                 break
     return out
 
 
-def _ppid(pid: int) -> int:
+def parent_pid(pid: int) -> int:
+    """The parent of ``pid`` (/proc), 0 when it cannot be read."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-        return int(stat[stat.rfind(")") + 2:].split()[1])
+        return int(proc_stat(pid)[1][1])
     except (OSError, ValueError, IndexError):
         return 0
 

@@ -50,7 +50,9 @@ class StallClock:
     shown the period yet), else the steps'; never under --min-stall, never over --max-stall. So
     a hang between evals is named within a few step gaps, and an eval or the save after it is
     never one. An ``expect`` record (an announced eval or save) extends the answer to its
-    seconds + --min-stall until the next record; that silence never counts as a gap."""
+    seconds + --min-stall until the next record; that silence never counts as a gap. A silence
+    the watchdog's stacks showed a checkpoint save in (``hold``) is a stall only after --max-stall,
+    like an announced save, for as long as that silence lasts."""
 
     def __init__(self, th: Thresholds):
         self.th = th
@@ -64,6 +66,7 @@ class StallClock:
         self._interval: Optional[float] = None  # s between the last two step records
         self._evals: deque = deque(maxlen=3)    # (step, t) of the last three eval records
         self.steps = self.evals = 0
+        self.held: Optional[tuple] = None       # (quiet_since, why): a silence shown to be a save
 
     @property
     def longest_gap(self) -> float:
@@ -120,8 +123,13 @@ class StallClock:
             return th.max_stall
         return min(th.max_stall, max(th.min_stall, th.stall_factor * self.step_gap))
 
-    def limit(self) -> tuple:
-        """(seconds of silence that are a stall now, why: '' or ' (learned: ...)')."""
+    def hold(self, quiet_since: float, why: str) -> None:
+        """The silence that began at ``quiet_since`` (wall clock) is a save the stacks showed (``why``)."""
+        self.held = (quiet_since, why)
+
+    def limit(self, quiet_since: Optional[float] = None) -> tuple:
+        """(seconds of silence that are a stall now, why: '' or ' (learned: ...)'); ``quiet_since``:
+        when the silence now began (a held silence keeps --max-stall while it lasts)."""
         th = self.th
         after, why = th.max_stall, ""
         shown = self.steps >= 20 and self.evals >= 1  # a run without evals keeps --max-stall (a save is silent too)
@@ -136,6 +144,8 @@ class StallClock:
             announced = self.expect["seconds"] + th.min_stall
             if announced > after:
                 after, why = announced, f" (announced: {self.expect.get('why') or 'a pause'} of {secs(self.expect['seconds'])})"
+        if self.held is not None and quiet_since is not None and self.held[0] == quiet_since and after < th.max_stall:
+            after, why = th.max_stall, f" ({self.held[1]})"
         return after, why
 
 

@@ -46,13 +46,6 @@ BEFORE = 4096             # bytes before the offset compared (crc32)
 LIMIT = 4 << 20           # a larger scan file is not read
 SAVE_EVERY = 5.0          # s: a watchdog keeps its scan at most this often (a one-shot look: each look)
 CPU_SPAN = (0.5, 6 * 3600.0)  # s between two CPU readings for a CPU % between looks
-# Thresholds that no record rule reads while folding: a scan folded under other values of these
-# is still this fold (a new threshold is compared until it is listed here).
-NOT_FOLDED = {"poll", "max_stall", "min_stall", "stall_factor", "startup_grace", "orphan_grace", "rank_grace",
-              "hard_timeout", "timeout_margin", "overfit_alarm", "straggler_ratio", "gpu_idle", "gpu_idle_util",
-              "disk_margin", "disk_min_saves"}
-
-
 class Foreign(ValueError):
     """The scan file is not one this code can take up (corrupt, another format or another fold)."""
 
@@ -190,8 +183,9 @@ def _code() -> str:
 
 
 def folded_thresholds(th: Thresholds) -> dict:
-    """The thresholds a fold depends on, as JSON values."""
-    return {k: v for k, v in dataclasses.asdict(th).items() if k not in NOT_FOLDED}
+    """The thresholds a fold depends on (those declared ``folded``), as JSON values."""
+    folded = th.folded()
+    return {k: v for k, v in dataclasses.asdict(th).items() if k in folded}
 
 
 def _crc_before(f, offset: int) -> int:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from supervise.observe.probes import born_after, parent_pid, process
 from supervise.vocabulary import GONE, PACKAGE, ranks_text
 
 STACKS = "stacks"                 # RUN_DIR/stacks/: one file per process per capture
@@ -38,7 +39,6 @@ LIVE = ".live"                    # RUN_DIR/stacks/.live/pid-<PID>.txt: the in-p
 NCCL = "nccl"                     # RUN_DIR/stacks/nccl/: NCCL's flight recorder dumps (a GPU run)
 SIGNAL_ENV = "SUPERVISE_STACK_SIGNAL"
 PY_SPY_ENV = "SUPERVISE_PY_SPY"   # a py-spy to use instead of the one on PATH / beside this Python; "off": none
-HANG_KINDS = ("stall", "rank_hang", "no_telemetry", "timeout")
 BUDGET = 4.0                      # s: the whole capture, so that the line comes within 5 s of the verdict
 IN_PROCESS_WAIT = 1.5             # s: a faulthandler dump not written by then is taken by py-spy instead
 MAX_WHERE = 320                   # characters of the phrase in the anomaly line (the files hold the rest)
@@ -226,16 +226,6 @@ class Target:
     parent: Optional[int] = None
 
 
-def is_hang(verdict, obs) -> bool:
-    """The verdict is a hang with a live process of the run on this host to look at: ``stall``
-    (not a suspended process: its line says so), ``rank_hang``, ``no_telemetry``, ``timeout``."""
-    if verdict.state != "anomaly" or verdict.kind not in HANG_KINDS:
-        return False
-    if any(p.state == "stopped" for p in obs.processes) or "stopped" in obs.rank_procs.values():
-        return False
-    return bool(obs.alive) or any(s not in GONE for s in obs.rank_procs.values())
-
-
 def targets(obs, me: Optional[int] = None) -> list:
     """Every live process of the run on this host: the processes the observation follows, the
     local ranks of the heartbeats, and all their descendants (DataLoader workers), found afresh
@@ -259,7 +249,7 @@ def targets(obs, me: Optional[int] = None) -> list:
             stack.append(kid)
     out = []
     for pid in order:
-        if not _is_python(pid) or _state(pid) in GONE:
+        if not _is_python(pid) or not process(pid).alive:
             continue
         up = parent.get(pid)
         rank = rank_of.get(pid)
@@ -284,23 +274,10 @@ def _children() -> dict:
     except OSError:
         return out
     for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                stat = f.read()
-            ppid = int(stat[stat.rfind(")") + 2:].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        out.setdefault(ppid, []).append(pid)
+        ppid = parent_pid(pid)
+        if ppid:
+            out.setdefault(ppid, []).append(pid)
     return out
-
-
-def _state(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-        return {"Z": "zombie", "X": "dead", "T": "stopped", "t": "stopped"}.get(stat[stat.rfind(")") + 2:][:1], "running")
-    except OSError:
-        return "gone"
 
 
 PYTHON = re.compile(r"^(.*/)?(python(\d+(\.\d+)*)?t?|pt_main_thread)$")
@@ -343,18 +320,6 @@ def handles(pid: int, sig: int) -> bool:
         return False
 
 
-def _birth(pid: int) -> Optional[float]:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-        ticks = int(stat[stat.rfind(")") + 2:].split()[19])
-        with open("/proc/stat") as f:
-            btime = next(float(ln.split()[1]) for ln in f if ln.startswith("btime"))
-        return btime + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
-        return None
-
-
 def registration(live: Path, pid: int) -> tuple:
     """(the header of pid's in-process file, its path), or (None, why not): the file the
     integration wrote when it registered faulthandler, written by this very process (not an
@@ -368,8 +333,7 @@ def registration(live: Path, pid: int) -> tuple:
     head = heads[-1] if heads else {}
     if not isinstance(head, dict) or head.get("pid") != pid:
         return None, "no in-process handler"
-    born = _birth(pid)
-    if born is not None and isinstance(head.get("time"), (int, float)) and head["time"] < born - 1.5:
+    if isinstance(head.get("time"), (int, float)) and born_after(process(pid).create_time, head["time"]):
         return None, "no in-process handler (its file is an earlier process's)"
     if not head.get("registered"):
         return None, str(head.get("why") or "its in-process handler was not registered")
@@ -737,6 +701,6 @@ def cuda_machine(env: Optional[dict] = None) -> bool:
         return False
 
 
-__all__ = ["Capture", "Frame", "ProcStack", "Target", "capture", "targets", "is_hang", "hang_fix", "why_refused",
+__all__ = ["Capture", "Frame", "ProcStack", "Target", "capture", "targets", "hang_fix", "why_refused",
            "find_py_spy", "parse_faulthandler", "parse_py_spy", "registration", "flight_recorder_env",
-           "cuda_machine", "STACKS", "HANG_KINDS", "BUDGET"]
+           "cuda_machine", "STACKS", "BUDGET"]

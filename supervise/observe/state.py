@@ -19,9 +19,8 @@ from pathlib import Path
 from supervise.cli import UsageError
 from supervise.contract import atomic_write_json, is_number, read_json
 from supervise.observe.probes import runs_where, same_process
-from supervise.vocabulary import LAUNCH
+from supervise.vocabulary import FINAL, LAUNCH, WATCHING
 
-FINAL = ("done", "anomaly", "stopped")   # states a watchdog ends in
 
 
 def _typed(value, kind, default=None):
@@ -41,7 +40,7 @@ class WatchState:
     last_poll: Optional[float] = None
     polls: int = 0
     poll_interval: Optional[float] = None
-    state: str = "watching"
+    state: str = WATCHING
     kind: Optional[str] = None
     message: Optional[str] = None
     step: int = 0
@@ -52,10 +51,12 @@ class WatchState:
     pids: list = field(default_factory=list)
     gpu: object = None
     warnings: list = field(default_factory=list)
-    slurm_job: Optional[str] = None
-    slurm_state: Optional[str] = None
+    engine: Optional[str] = None     # the engine of the job followed (--slurm-job, launch.json's), when one is
+    job_id: Optional[str] = None
+    job_state: Optional[str] = None  # the engine's word for it at the last poll
     thresholds: dict = field(default_factory=dict)
     argv: list = field(default_factory=list)   # the watchdog's flags after RUN_DIR
+    checkpoint_dirs: list = field(default_factory=list)   # its --checkpoint-dir folders
     watchdog_create_time: Optional[float] = None  # the watchdog process's start time
     launch_pid: Optional[int] = None           # launch.json's pid when it judged: the attempt it is about
     headline: Optional[str] = None             # the verdict's headline (ANOMALY <kind>, DONE, STOPPED, ...)
@@ -80,7 +81,7 @@ class WatchState:
         types = {"run_dir": str, "watchdog_pid": int, "started": float, "last_poll": float, "polls": int,
                  "poll_interval": float, "state": str, "kind": str, "message": str, "step": int,
                  "total_steps": int, "run_id": str, "attempt": int, "records": dict, "pids": list,
-                 "warnings": list, "thresholds": dict, "slurm_job": str, "slurm_state": str, "argv": list,
+                 "warnings": list, "thresholds": dict, "engine": str, "job_id": str, "job_state": str, "argv": list, "checkpoint_dirs": list,
                  "watchdog_create_time": float, "launch_pid": int, "headline": str, "ended_by": str,
                  "stacks": dict}
         out = cls()
@@ -91,6 +92,7 @@ class WatchState:
         out.pids = [p for p in out.pids if isinstance(p, dict)]
         out.warnings = [w for w in out.warnings if isinstance(w, str)]
         out.argv = [a for a in out.argv if isinstance(a, str)]
+        out.checkpoint_dirs = [d for d in out.checkpoint_dirs if isinstance(d, str)]
         return out
 
 
@@ -99,7 +101,9 @@ class WatchState:
 FIELDS = {"pid": int, "pgid": int, "sid": int, "host": str, "create_time": float, "launched_at": float,
           "argv": list, "cwd": str, "window_s": float, "session_id": str, "log": str, "run_dir": str,
           "stop": dict, "stopped_at": float, "earlier": list, "env": dict, "replaced": list, "on_exit": list,
-          "slurm_job_id": str, "sbatch": list, "pid_ns": int, "boot_id": str}
+          "engine": str, "job_id": str, "options": list, "pid_ns": int, "boot_id": str}
+# what records written before the engine seam called them (a Slurm job's id and sbatch options)
+LEGACY = {"slurm_job_id": ("job_id", "slurm"), "sbatch": ("options", "slurm")}
 
 
 def _field(value, kind):
@@ -113,14 +117,21 @@ def _field(value, kind):
 def typed_launch(obj) -> Optional[dict]:
     """A launch record as read from disk, every field of FIELDS present and typed (None when
     absent or of another type); None when it is not an object or lacks launched_at, a non-empty
-    argv of strings, or both a pid and a Slurm job id (a job submitted with ``--slurm`` has no
-    local pid). The file is input, not trusted."""
+    argv of strings, or both a pid and a job id (a job submitted to a scheduler, ``--slurm``, has
+    no local pid). ``engine`` is the engine that started it (``local`` when the record names none).
+    The file is input, not trusted."""
     if not isinstance(obj, dict):
         return None
+    obj = dict(obj)
+    for old, (new, eng) in LEGACY.items():
+        if old in obj and new not in obj:
+            obj[new] = obj.pop(old)
+            obj.setdefault("engine", eng)
     rec = {name: _field(obj.get(name), kind) for name, kind in FIELDS.items()}
+    rec["engine"] = rec["engine"] or "local"
     if rec["argv"] is not None and not (rec["argv"] and all(isinstance(a, str) for a in rec["argv"])):
         rec["argv"] = None
-    if rec["pid"] is None and rec["slurm_job_id"] is None or rec["launched_at"] is None or rec["argv"] is None:
+    if rec["pid"] is None and rec["job_id"] is None or rec["launched_at"] is None or rec["argv"] is None:
         return None
     return rec
 
@@ -128,6 +139,13 @@ def typed_launch(obj) -> Optional[dict]:
 def read_launch(run_dir) -> Optional[dict]:
     """``RUN_DIR/launch.json``, typed; None when it is missing, unreadable or not a record."""
     return typed_launch(read_json(Path(run_dir) / LAUNCH))
+
+
+def launched(rec: dict) -> str:
+    """What a launch record started, in words: ``pid 123`` or ``Slurm job 456``."""
+    if rec.get("job_id"):
+        return f"{rec['engine'].capitalize()} job {rec['job_id']}"
+    return f"pid {rec['pid']}"
 
 
 def where_launched(rec: dict) -> str:

@@ -21,7 +21,7 @@ from supervise.observe.ranks import rank_lines
 from supervise.act.recovery import fresh_plan, moved_flags, relaunch_plan, stop_line, watchdog_line
 from supervise.observe.state import launch_alive, typed_launch
 from supervise.observe.volumes import room_line
-from supervise.vocabulary import AS_IS, EXIT_OK, FIX_FIRST, METRICS, PYTHON, STOP_ASK, WATCH_ON
+from supervise.vocabulary import ANOMALY, AS_IS, DONE, EXIT_OK, FIX_FIRST, GOING_ON, METRICS, PYTHON, STOP_ASK, WATCH_ON
 
 LIMIT = 1500
 HEADLINES = ("RUNNING healthy", "STARTING", "FINISHING", "DONE", "ANOMALY <kind>", "NOT STARTED", "STOPPED")
@@ -101,8 +101,8 @@ def _next(run_dir: Path, obs, verdict, th) -> tuple[list, list]:
     with the flags the last watchdog used."""
     wd = obs.watchdog
     flags = wd.argv if wd is not None else ()
-    if verdict.state != "anomaly":
-        if verdict.state in ("watching", "finishing") and not (wd is not None and wd.alive) and (
+    if verdict.state != ANOMALY:
+        if verdict.state in GOING_ON and not (wd is not None and wd.alive) and (
                 obs.alive or obs.visibility):
             return [watchdog_line(run_dir, flags=flags)], []
         return [], []
@@ -147,7 +147,8 @@ def _next(run_dir: Path, obs, verdict, th) -> tuple[list, list]:
                                checkpoint=str(obs.resume.path) if obs.resume is not None else None,
                                first_bad_step=bad.step if bad is not None else None,
                                window_s=(obs.launch or {}).get("window_s"),
-                               sbatch=(obs.launch or {}).get("sbatch") if (obs.launch or {}).get("slurm_job_id") else None)
+                               engine=(obs.launch or {}).get("engine"), options=(obs.launch or {}).get("options"),
+                               checkpoint_dirs=obs.checkpoint_dirs)
     if line is None:
         return [f"no relaunch line: {note}; {see}"], []
     said = [n for n in note.split("; ") if n and not n.startswith("resumes from ")]  # the resume line says that
@@ -180,12 +181,12 @@ def _resume(obs) -> list:
     return resume_lines(obs.resume, obs.resume_skipped, bad.step if bad is not None else None)[:4]
 
 
-def gather(run_dir: Path, k: int = 5, now: Optional[float] = None, gpu=None) -> dict:
+def gather(run_dir: Path, k: int = 5, now: Optional[float] = None, gpu=None, look: Optional[tuple] = None) -> dict:
     """Every fact of the check-in as a dict (``--json`` prints it): the one Observation and the
-    one Verdict of the watchdog's own observer and judge (engine.assess), rendered; nothing is
-    read or probed here."""
+    one Verdict of the watchdog's own observer and judge (``look``: (observer, observation,
+    verdict) [judge.assess.assess]), rendered; nothing is read or probed here."""
     now = now or time.time()
-    observer, obs, verdict = assess(run_dir, gpu=gpu)
+    observer, obs, verdict = look or assess(run_dir, gpu=gpu)
     nxt, next_notes = _next(run_dir, obs, verdict, observer.th)
     wd, rec = obs.watchdog, obs.records
     start = dict(rec.start) or None
@@ -198,7 +199,7 @@ def gather(run_dir: Path, k: int = 5, now: Optional[float] = None, gpu=None) -> 
     return {
         "run_dir": str(run_dir), "verdict": verdict.headline,
         "metrics_age_s": now - obs.metrics_mtime if obs.metrics_mtime is not None else None,
-        "watchdog_message": verdict.line if verdict.state == "anomaly" else None,
+        "watchdog_message": verdict.line if verdict.state == ANOMALY else None,
         "fatal": (rec.fatal or {}).get("FATAL"),
         "notes": list(verdict.notes),
         "warnings": [a.message for a in verdict.warnings],
@@ -211,7 +212,7 @@ def gather(run_dir: Path, k: int = 5, now: Optional[float] = None, gpu=None) -> 
         "eval": {kk: v for kk, v in evals[-1].items() if kk == "step" or kk.startswith("eval_")} if evals else None,
         "best_eval": dict(rec.best_eval) if rec.best_eval else None,
         "auroc_trend": [e.get("eval_auroc") for e in evals[-4:] if "eval_auroc" in e],
-        "final": dict(obs.sentinel) if verdict.state == "done" and obs.sentinel else None,
+        "final": dict(obs.sentinel) if verdict.state == DONE and obs.sentinel else None,
         "watchdog": None if wd is None else {
             "pid": wd.pid, "alive": wd.alive, "state": wd.state, "ended_by": wd.ended_by or None,
             "verdict": (wd.headline or wd.state) if watchdog_ended(wd) else None,
@@ -224,14 +225,13 @@ def gather(run_dir: Path, k: int = 5, now: Optional[float] = None, gpu=None) -> 
         "launches": 1 + len((obs.launch or {}).get("earlier") or []) if obs.launch else None,
         "wakes": len((obs.launch or {}).get("on_exit") or []) if obs.launch else None,
         "ranks": rank_lines(obs.ranks, now, obs.rank_procs, where=obs.rank_where) if len(obs.ranks) > 1 else [],
-        "slurm": None if obs.slurm is None else (obs.slurm.error or f"job {obs.slurm.job_id} {obs.slurm.state}"
-                                                 + (f" on {obs.slurm.nodes}" if obs.slurm.nodes else "")),
+        "job": None if obs.job is None else f"{obs.job.engine}: {obs.job.line()}",
         "gpu": list(obs.gpu_lines),
         "disk_free_gb": obs.volume_free[0] / 1e9 if obs.volume_free else None,
         "disk": obs.disk.line() if obs.disk is not None else None,
         "resume": _resume(obs),
         "last_error": obs.last_error,
-        "stacks": _stacks(wd.stacks if wd is not None and verdict.state == "anomaly" else None),
+        "stacks": _stacks(wd.stacks if wd is not None and verdict.state == ANOMALY else None),
     }
 
 
@@ -293,8 +293,8 @@ def render(f: dict, limit: int = LIMIT) -> str:
                     + (f"; best auroc={_num(b.get('eval_auroc'))} @{b.get('step')}" if b else "")
                     + ("; auroc trend " + " ".join(_num(x, 3) for x in f["auroc_trend"]) if f["auroc_trend"] else ""))
     body += f.get("ranks") or []
-    if f.get("slurm"):
-        body.append(f"slurm: {f['slurm'][:200]}")
+    if f.get("job"):
+        body.append(f["job"][:200])
     p = f["process"]
     if p:
         cpu = f", cpu {p['cpu_percent']:.0f}%" if p["cpu_percent"] is not None else ""
@@ -322,7 +322,7 @@ def _watchdog_line(w: Optional[dict]) -> str:
     if w is None:
         return "watchdog: none (start the next: watchdog line beside the run)"
     poll = f"last poll {_age(w['last_poll_age_s'])} ago"
-    if w["alive"] and w["state"] in ("watching", "finishing"):
+    if w["alive"] and w["state"] in GOING_ON:
         bad = f", bad lines {w['bad_lines']}" if w["bad_lines"] else ""
         return f"watchdog: alive (pid {w['pid']}), {w['state']}, {poll}{bad}"
     if w["verdict"]:
@@ -361,10 +361,11 @@ def _main(a) -> int:
         if run_dir is None:
             raise UsageError("no run found (no watchdog registered one, no metrics.jsonl below "
                   f"{Path.cwd()}); pass RUN_DIR")
-    facts = gather(run_dir, a.lines)
+    look = assess(run_dir)   # one look: the text and the PNG render the same verdict
+    facts = gather(run_dir, a.lines, look=look)
     if a.plot:
         from supervise.tools.plot import plot
-        facts["plot"] = plot(run_dir)
+        facts["plot"] = plot(run_dir, look)
     text = bounded_json(facts) if a.json else render(facts) + (f"\nplot: {facts['plot']}" if a.plot else "")
     print(text, flush=True)
     return EXIT_OK
@@ -382,7 +383,7 @@ def bounded_json(facts: dict, limit: int = LIMIT) -> str:
             facts[name] = facts[name][1:]
             text = json.dumps(facts, default=str)
     for name in ("final", "best_eval", "eval", "last_error", "process", "watchdog", None, "time_limit",
-                 "loss_trend", "slurm", "resume", "disk", "notes"):  # never the verdict's line, next:, stacks
+                 "loss_trend", "job", "resume", "disk", "notes"):  # never the verdict's line, next:, stacks
         if len(text) <= limit:
             break
         if name is None:  # before the last words go, the empty fields do, and then each dropped one

@@ -1,7 +1,7 @@
 """A phone-friendly PNG of metrics.jsonl: loss with the chance line, eval AUROC with the 0.70
 line, grad norm on a log scale with its alarm bands, sps with the -25% line, and the anomaly
 marked where the watchdog reported one. A renderer: the series are the metrics file's records,
-everything else (thresholds, chance level, verdict) is one ``engine.assess``. matplotlib (Agg) is
+everything else (thresholds, chance level, verdict) is one ``judge.assess.assess``, check-in's own with --plot. matplotlib (Agg) is
 an optional extra."""
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import os
 import statistics
 import tempfile
 from pathlib import Path
+from typing import Optional
 
 from supervise.cli import Parser, UsageError, front_door, run_dir_arg
 from supervise.contract import is_finite, read_run, why_unreadable
@@ -18,8 +19,10 @@ from supervise.vocabulary import EXIT_OK, METRICS
 MAX_POINTS = 4000
 
 
-def plot(run_dir) -> str:
-    """Write RUN_DIR/metrics.png atomically; return its path, or a line saying what is missing."""
+def plot(run_dir, look: Optional[tuple] = None) -> str:
+    """Write RUN_DIR/metrics.png atomically; return its path, or a line saying what is missing.
+    ``look``: (observer, observation, verdict) of the look the caller rendered (check-in's), so the
+    PNG marks the same verdict [one ``judge.assess.assess``]."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -39,7 +42,7 @@ def plot(run_dir) -> str:
     stride = max(1, len(steps) // MAX_POINTS)
     steps = steps[::stride]
     # the thresholds, chance level and verdict are the watchdog's own: one look by its engine
-    observer, _obs, verdict = assess(run_dir)
+    observer, _obs, verdict = look or assess(run_dir)
     th, chance, chance_name = observer.th, observer.run.chance, observer.run.chance_name()
     wd_step = verdict.anomaly.step if verdict.anomaly else None
 

@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Optional
 
 from supervise.cli import Parser, UsageError, duration, fraction, front_door, positive_float, positive_int, run_dir_arg
-from supervise.observe.checkpoints import run_checkpoints
+from supervise.observe.checkpoints import examine, run_checkpoints
 from supervise.contract import is_finite, read_json, read_run, validate_file, why_unreadable
-from supervise.guard.hook import V4_ARGS
-from supervise.vocabulary import EXIT_ANOMALY, EXIT_OK, LOG, METRICS, QUIET, SENTINEL
+from supervise.guard.transformers import V4_ARGS
+from supervise.vocabulary import ANOMALY, DONE, EXIT_ANOMALY, EXIT_OK, LOG, METRICS, QUIET, SENTINEL
 
 
 @dataclass
@@ -329,22 +329,11 @@ def run_command(run_dir: Path, command: list[str], timeout: float, env: Optional
 
 
 def _saved_step(ck: Path, evals) -> Optional[int]:
-    """The step a checkpoint holds: checkpoint-N / step=N in its name, else its step field
-    (step, global_step: Lightning, iter_num: nanoGPT; also under "state"), else the last eval's
-    step (checkpoints follow evals)."""
-    import re
-    m = re.search(r"(\d+)$", ck.name if ck.is_dir() else ck.stem)
-    if m:
-        return int(m.group(1))
-    try:
-        import torch
-        state = torch.load(ck, map_location="cpu", weights_only=False)
-        for d in (state, state.get("state") if isinstance(state.get("state"), dict) else {}):
-            for key in ("step", "global_step", "iter_num"):
-                if is_finite(d.get(key)):
-                    return int(d[key])
-    except Exception:
-        pass
+    """The step a checkpoint holds (``checkpoints.examine``: its name, else the step field its
+    pickle holds), else the last eval's step (checkpoints follow evals)."""
+    found = examine(ck)
+    if found is not None and found.step is not None:
+        return found.step
     return int(evals[-1]["step"]) if evals else None
 
 
@@ -443,9 +432,9 @@ def check_verdict(run_dir: Path) -> Row:
     """The watchdog's engine on the finished smoke run: the same verdict a watchdog would give."""
     from supervise.judge.assess import assess
     v = assess(run_dir)[2]
-    if v.state == "anomaly":
+    if v.state == ANOMALY:
         return Row("verdict", False, v.line[:300])
-    if v.state == "done":
+    if v.state == DONE:
         return Row("verdict", True, "the watchdog's engine says OK done")
     return Row("verdict", False, "the watchdog's engine sees no finished run (no sentinel of this attempt)")
 

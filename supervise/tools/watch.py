@@ -21,18 +21,18 @@ from pathlib import Path
 from typing import Optional
 
 from supervise.observe import registry
-from supervise.observe import slurm as sl
+from supervise.observe import engines
 from supervise.observe import stacks as st
 from supervise.cli import Parser, UsageError, front_door, count, duration, fraction, positive_float, positive_int, run_dir_arg
 from supervise.contract import atomic_write_json, read_json, why_unreadable, why_unwritable
 from supervise.observe.observer import Observer
-from supervise.judge.table import RECORD_RULES, judge
+from supervise.judge.table import RECORD_RULES, is_hang, judge
 from supervise.act.launch import run_on_exit, session_id
 from supervise.observe.observation import Verdict
 from supervise.observe.probes import process
 from supervise.observe.state import WatchState
-from supervise.thresholds import Thresholds
-from supervise.vocabulary import BUNDLE, LOG, METRICS, SENTINEL, WATCHDOG_LOG, WATCHDOG_STATE
+from supervise.thresholds import COUNT, DURATION, FRACTION, NONNEGATIVE, POSITIVE, POSITIVE_INT, Thresholds
+from supervise.vocabulary import ANOMALY, BUNDLE, GOING_ON, LOG, METRICS, SENTINEL, STOPPED, WATCHDOG_LOG, WATCHDOG_STATE, WATCHING
 
 LOCK = ".watchdog.lock"
 
@@ -45,10 +45,9 @@ class Watchdog:
         self.observer = Observer(run_dir, thresholds, RECORD_RULES, **observer)
         self.stacks, self.native = stacks, native   # capture a hang's stacks (py-spy --native when native)
         self.capture: Optional[st.Capture] = None
-        self.saving: Optional[float] = None         # quiet_since of the silence the stacks showed a save in
         self.th = thresholds
         self.run_dir = self.observer.run_dir
-        self.verdict = Verdict("watching")
+        self.verdict = Verdict(WATCHING)
         self.save_error = ""
         self.argv: tuple = ()   # the flags this watchdog was started with (check-in offers them again)
         self.ended_by: Optional[str] = None
@@ -56,16 +55,21 @@ class Watchdog:
         self._me = process(os.getpid()).create_time
 
     def poll(self) -> Verdict:
-        obs = self._while_saving(self.observer.observe())
+        """One look, one verdict. A hang's stacks are taken before the line, so that the verdict
+        names the frames; stacks showing a checkpoint save in a stall's silence go to the stall
+        clock (``StallClock.hold``), which decides the limit: the judge then reads its answer."""
+        obs = self.observer.observe()
         self.verdict = judge(obs, self.th)
-        if self.stacks and st.is_hang(self.verdict, obs):
-            # the stacks of every process, before the line: then the one verdict names the frames
+        if self.stacks and is_hang(self.verdict, obs):
             found = st.capture(self.run_dir, st.targets(obs), native=self.native)
-            if found.saving and self.verdict.kind == "stall" and obs.stall_after < self.th.max_stall:
-                self.saving = obs.quiet_since   # the stacks announce the pause, as expect() would
-                obs = self._while_saving(obs)
-                self.verdict = judge(obs, self.th)
-            if self.verdict.state == "anomaly":
+            if found.saving and self.verdict.kind == "stall":
+                clock = self.observer.run.stall
+                clock.hold(obs.quiet_since, "the stacks showed a checkpoint save")
+                after, why = clock.limit(obs.quiet_since)
+                if after > obs.stall_after:
+                    obs = dataclasses.replace(obs, stall_after=after, stall_why=why)
+                    self.verdict = judge(obs, self.th)
+            if self.verdict.state == ANOMALY:
                 self.capture = found
                 obs = dataclasses.replace(obs, hang=found)
                 self.verdict = judge(obs, self.th)
@@ -73,19 +77,9 @@ class Watchdog:
         self.save()
         return self.verdict
 
-    def _while_saving(self, obs):
-        """The silence in which the stacks showed a checkpoint save (and nothing else holding
-        the run) is a stall only after --max-stall, like an announced save."""
-        if self.saving is None or obs.quiet_since != self.saving:
-            self.saving = None
-            return obs
-        if obs.stall_after >= self.th.max_stall:
-            return obs
-        return dataclasses.replace(obs, stall_after=self.th.max_stall, stall_why=" (the stacks showed a checkpoint save)")
-
     def stop(self, signame: str) -> Verdict:
         o = self.observer
-        self.verdict = Verdict("stopped", f"STOPPED: watchdog ended by {signame} after {o.polls} polls; "
+        self.verdict = Verdict(STOPPED, f"STOPPED: watchdog ended by {signame} after {o.polls} polls; "
                                           f"no anomaly seen up to step {o.run.last_step}", headline="STOPPED")
         self.ended_by = signame
         self.save()
@@ -107,8 +101,9 @@ class Watchdog:
             pids=[{"pid": p.pid, "state": p.state, "why": p.why} for p in (obs.processes if obs else ())],
             gpu=list(obs.gpu_lines) if obs else None,
             warnings=[w.message for w in v.warnings] + list(v.notes),
-            slurm_job=o.slurm_job, slurm_state=obs.slurm.state if obs and obs.slurm else None,
-            thresholds=self._thresholds, argv=list(self.argv), watchdog_create_time=self._me,
+            engine=o.job[0] if o.job else None, job_id=o.job[1] if o.job else None,
+            job_state=obs.job.state if obs and obs.job else None,
+            thresholds=self._thresholds, argv=list(self.argv), checkpoint_dirs=list(o.explicit_checkpoint_dirs), watchdog_create_time=self._me,
             launch_pid=(o.launch_record() or {}).get("pid"), headline=v.headline or None, ended_by=self.ended_by,
             stacks=self.capture.to_json() if self.capture is not None else None)
 
@@ -196,7 +191,7 @@ def run(watcher: Watchdog, out=None, on_exit: Optional[str] = None, heartbeat: O
                 verdict = watcher.stop(flags["signal"])
                 break
             verdict = watcher.poll()
-            if verdict.state not in ("watching", "finishing"):
+            if verdict.state not in GOING_ON:
                 break
             if heartbeat is not None:
                 heartbeat.beat(time.monotonic())
@@ -223,15 +218,10 @@ def run(watcher: Watchdog, out=None, on_exit: Optional[str] = None, heartbeat: O
     return verdict.code
 
 
-def _threshold_type(name, default, is_duration):
-    if is_duration:
-        return duration
-    if name in ("throughput_drop", "chance_margin", "min_auroc", "straggler_ratio"):
-        return fraction
-    if isinstance(default, int):
-        return count if name in ("min_auroc_step", "chance_step", "baseline_steps", "warmup_steps",
-                                 "overfit_evals") else positive_int
-    return positive_float if name != "stall_factor" else _nonnegative
+def _threshold_type(name: str):
+    """The parser of a threshold's flag, from the kind its field declares (thresholds.KINDS)."""
+    return {DURATION: duration, FRACTION: fraction, COUNT: count, POSITIVE_INT: positive_int,
+            POSITIVE: positive_float, NONNEGATIVE: _nonnegative}[Thresholds.kind(name)]
 
 
 def _nonnegative(text):
@@ -258,9 +248,8 @@ def build_parser() -> Parser:
     p.add_argument("--pid", type=positive_int, action="append", default=[], metavar="PID",
                    help="a training process to watch (repeatable); default: found from the start record and train.log")
     p.add_argument("--log", metavar="PATH", help="the training log [default: RUN_DIR/train.log]")
-    p.add_argument("--slurm-job", metavar="ID", type=slurm_id,
-                   help="follow this Slurm job with squeue/sacct: PENDING is no stall, the scheduler's end "
-                        "states are verdicts (OUT_OF_MEMORY, NODE_FAIL, TIMEOUT, PREEMPTED, FAILED)")
+    for eng in engines.scheduled():   # --slurm-job ID: follow a job of that engine
+        p.add_argument(eng.WATCH_FLAG, dest=f"job_{eng.NAME}", metavar="ID", type=_job_id(eng), help=eng.WATCH_HELP)
     p.add_argument("--checkpoint-dir", action="append", default=[], metavar="DIR",
                    help="a folder of the run's checkpoints to follow for the disk rule (repeatable); default: the "
                         "start record's checkpoint_dir, else RUN_DIR/checkpoints")
@@ -296,7 +285,7 @@ def build_parser() -> Parser:
             continue
         metavar = "DURATION" if is_duration else {"%": "PERCENT", "x": "FACTOR"}.get(unit, unit.upper().replace(" ", "_"))
         p.add_argument(flag, dest=name, default=None, metavar=metavar,
-                       type=_threshold_type(name, default, is_duration),
+                       type=_threshold_type(name),
                        help=f"{doc} (default: {_show(default, unit, is_duration)})".replace("%", "%%"))
     return p
 
@@ -311,13 +300,22 @@ def http_url(text: str) -> str:
     return text
 
 
-def slurm_id(text: str) -> str:
-    """A Slurm job id: digits, optionally an array task (123 or 123_4)."""
-    import argparse
-    import re
-    if not re.fullmatch(r"\d{1,12}(_\d{1,8})?", text or ""):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a Slurm job id; give the number sbatch printed (e.g. 4242)")
-    return text
+def _job_id(eng):
+    """The argparse type of an engine's job id (its ``job_id`` check)."""
+    def job_id(text: str) -> str:
+        import argparse
+        try:
+            return eng.job_id(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e))
+    job_id.__name__ = f"{eng.NAME} job id"
+    return job_id
+
+
+def followed(args) -> Optional[tuple]:
+    """(engine, job id) a watchdog's flags name (``--slurm-job ID``), else None."""
+    return next(((eng.NAME, getattr(args, f"job_{eng.NAME}")) for eng in engines.scheduled()
+                 if getattr(args, f"job_{eng.NAME}", None)), None)
 
 
 def sentinel_name(text: str) -> str:
@@ -355,10 +353,11 @@ def watch(args, argv: list, gpu=None) -> int:
         raise UsageError("--on-exit names $SUPERVISE_SESSION_ID but no session id is known (none in launch.json, "
                          "no CLAUDE_CODE_SESSION_ID here): pass --session-id to the launcher, or start the "
                          "watchdog from the session")
-    if args.slurm_job:
-        job = sl.query(args.slurm_job)
-        if job.error:
-            raise UsageError(job.error)
+    job = followed(args)
+    if job is not None:
+        said = engines.engine(job[0]).state(job[1])
+        if said.error:
+            raise UsageError(said.error)
     flags = list(argv)
     flags.remove(args.run_dir)
     flags = ["--detach" if f == "--detached" else f for f in flags]  # what check-in offers again
@@ -367,7 +366,7 @@ def watch(args, argv: list, gpu=None) -> int:
     with sole_watchdog(run_dir):
         watcher = Watchdog(run_dir, th, stacks=not args.no_stacks, native=args.native_stacks,
                            pids=args.pid, log=log, sentinel=args.sentinel, gpu=gpu,
-                           num_labels_given="num_labels" in given, slurm_job=args.slurm_job,
+                           num_labels_given="num_labels" in given, job=job,
                            checkpoint_dirs=tuple(args.checkpoint_dir), from_now=args.from_now)
         watcher.argv = tuple(flags)
         registry.register(run_dir, os.getpid(), args.pid)

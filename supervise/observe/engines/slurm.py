@@ -1,9 +1,10 @@
-"""Follow a Slurm job: its state from the scheduler, and what that state means for the run
-(standard library only).
+"""The Slurm engine: submit a job (sbatch), follow its state from the scheduler and what that
+state means for the run, cancel it (scancel). Standard library only.
 
     job = query("123456")                       # SlurmJob; never raises
     if job.error: ...                           # Slurm unreachable / commands missing: one line
     found = slurm_anomaly(job, sentinel_present=False, step=120)
+    facts = state("123456")                    # engines.Job, what the observer puts in the Observation
 
 Sources, in order (each with a short timeout):
 1. ``squeue --noheader --states=all --jobs ID --Format=JobID:|,State:|,Reason:|,NodeList:|,STDOUT:|,Name:|``
@@ -24,6 +25,8 @@ import re
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+from supervise.cli import UsageError
+from supervise.observe.engines import ENDED, RUNNING as RUN, UNKNOWN, WAITING as WAIT, Cancelled, End, Job
 from supervise.observe.logs import last_error, log_tail, oom_line, root_cause
 from supervise.vocabulary import Anomaly, anomaly
 
@@ -180,7 +183,7 @@ def query(job_id, runner=None) -> SlurmJob:
     timeout or an unknown job gives ``SlurmJob(state=None, error=<one line>)``.
     ``runner`` has subprocess.run's signature (tests pass a replay of recorded outputs)."""
     job_id = str(job_id).strip()
-    if not re.fullmatch(r"\d+(?:_\d+)?(?:\+\d+)?", job_id):
+    if not JOB_ID.fullmatch(job_id):
         return SlurmJob(job_id, error=f"bad Slurm job id {job_id!r}: expected digits like 123456 (or 123456_7)")
     rc, out, err = _run(runner, ["squeue", "--noheader", "--states=all", "--jobs", job_id,
                                  f"--Format={SQUEUE_FORMAT}"])
@@ -224,16 +227,22 @@ def query(job_id, runner=None) -> SlurmJob:
 
 def slurm_anomaly(job: SlurmJob, sentinel_present: bool, step: int,
                   log_lines: Optional[Sequence[str]] = None) -> Optional[Anomaly]:
-    """What the job's state means for the run, or None (queued, running, done, or unknown:
-    ``job.error`` says why; show it, it is not an anomaly of the run).
+    """What the job's state means for the run at ``step``, or None (queued, running, done, or
+    unknown: ``job.error`` says why; show it, it is not an anomaly of the run). With the sentinel
+    present the run finished: None whatever the state. The mapping is ``ending``'s."""
+    if sentinel_present or job.state is None or job.waiting and job.state not in ("REQUEUE_HOLD", "REQUEUE_FED"):
+        return None
+    end = ending(job, log_lines)
+    return anomaly(end.kind, end.what, step, end.fix) if end is not None else None
 
-    PENDING and other waiting states are not a stall (start the startup grace when
-    ``job.running``); OUT_OF_MEMORY -> oom; NODE_FAIL/BOOT_FAIL -> node_fail; TIMEOUT/DEADLINE ->
-    timeout; PREEMPTED/REQUEUE_* -> preempted with the requeue line; FAILED -> crash with the
-    root cause from ``log_lines`` (default: the tail of the job's output file); COMPLETED without
-    the sentinel -> dead; CANCELLED -> dead naming who cancelled. With the sentinel present the
-    run finished: None whatever the state."""
-    if job.state is None or sentinel_present or job.state in RUNNING:
+
+def ending(job: SlurmJob, log_lines: Optional[Sequence[str]] = None) -> Optional[End]:
+    """What a job's state means for a run that wrote no sentinel, or None (queued, running, or
+    unknown). OUT_OF_MEMORY -> oom; NODE_FAIL/BOOT_FAIL -> node_fail; TIMEOUT/DEADLINE -> timeout;
+    PREEMPTED/REQUEUE_* -> preempted with the requeue line; FAILED -> crash with the root cause
+    from ``log_lines`` (default: the tail of the job's output file, read here); COMPLETED ->
+    dead; CANCELLED -> dead naming who cancelled."""
+    if job.state is None or job.state in RUNNING:
         return None
     if job.state in WAITING and job.state not in ("REQUEUE_HOLD", "REQUEUE_FED"):
         return None
@@ -241,21 +250,21 @@ def slurm_anomaly(job: SlurmJob, sentinel_present: bool, step: int,
     on = f" on {job.nodes}" if job.nodes else ""
     code = f" exit code {job.exit_code}" + (f" signal {job.signal}" if job.signal else "") if job.exit_code is not None else ""
     if st == "OUT_OF_MEMORY":
-        return anomaly("oom", f"slurm job {jid} state = OUT_OF_MEMORY{on}", step, OOM_FIX)
+        return End("oom", f"slurm job {jid} state = OUT_OF_MEMORY{on}", OOM_FIX)
     if st in ("NODE_FAIL", "BOOT_FAIL"):
-        return anomaly("node_fail", f"slurm job {jid} state = {st}{on}", step,
-                       f"A node failed, not the code: resubmit excluding it (sbatch --exclude={job.nodes or 'NODE'} "
-                       f"...) or scontrol requeue {jid}, resuming from the last checkpoint")
+        return End("node_fail", f"slurm job {jid} state = {st}{on}",
+                   f"A node failed, not the code: resubmit excluding it (sbatch --exclude={job.nodes or 'NODE'} "
+                   f"...) or scontrol requeue {jid}, resuming from the last checkpoint")
     if st in ("TIMEOUT", "DEADLINE"):
-        return anomaly("timeout", f"slurm job {jid} state = {st} (time limit reached){on}", step,
-                       f"The job outlived its --time: resubmit with --resume from the last checkpoint "
-                       f"({job.sbatch_line()}), or ask for a longer --time")
+        return End("timeout", f"slurm job {jid} state = {st} (time limit reached){on}",
+                   f"The job outlived its --time: resubmit with --resume from the last checkpoint "
+                   f"({job.sbatch_line()}), or ask for a longer --time")
     if st in ("PREEMPTED", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"):
         held = st == "REQUEUE_HOLD"
-        return anomaly("preempted", f"slurm job {jid} state = {st}{on}", step,
-                       ("Slurm requeued it and holds it: scontrol release " + jid) if held else
-                       (f"A higher-priority job took the nodes: requeue it with scontrol requeue {jid} "
-                        f"(or {job.sbatch_line()}) and resume from the last checkpoint"))
+        return End("preempted", f"slurm job {jid} state = {st}{on}",
+                   ("Slurm requeued it and holds it: scontrol release " + jid) if held else
+                   (f"A higher-priority job took the nodes: requeue it with scontrol requeue {jid} "
+                    f"(or {job.sbatch_line()}) and resume from the last checkpoint"))
     if st in ("FAILED", "SPECIAL_EXIT"):
         readable = bool(job.stdout) and os.path.isfile(job.stdout)   # a regular file: never block on a FIFO
         lines = list(log_lines) if log_lines is not None else (log_tail(job.stdout) if readable else [])
@@ -271,16 +280,129 @@ def slurm_anomaly(job: SlurmJob, sentinel_present: bool, step: int,
             fix = "Fix that error, then resubmit with --resume from the last checkpoint"
         else:
             fix = f"Read the job's output ({job.stdout or 'slurm-' + jid + '.out'}), fix the error, then resubmit"
-        return anomaly(kind, what, step, fix)
+        return End(kind, what, fix)
     if st == "COMPLETED":
-        return anomaly("dead", f"slurm job {jid} state = COMPLETED{code} without final_val_metrics.json", step,
-                       "The batch script ended without the trainer writing its sentinel: read the job's "
-                       f"output ({job.stdout or 'slurm-' + jid + '.out'}); a launch line missing srun/torchrun "
-                       "or a script that exits early are the usual causes")
+        return End("dead", f"slurm job {jid} state = COMPLETED{code} without final_val_metrics.json",
+                   "The batch script ended without the trainer writing its sentinel: read the job's "
+                   f"output ({job.stdout or 'slurm-' + jid + '.out'}); a launch line missing srun/torchrun "
+                   "or a script that exits early are the usual causes")
     if st == "CANCELLED":
         who = f" by {job.cancelled_by}" if job.cancelled_by else " (canceller unknown without accounting)"
-        return anomaly("dead", f"slurm job {jid} state = CANCELLED{who}", step,
-                       "Someone or something (scancel, an admin, a dependency) cancelled the job: "
-                       f"resubmit it ({job.sbatch_line()}) with --resume if that was not meant")
-    return anomaly("dead", f"slurm job {jid} state = {st}{code}{on}", step,
-                   f"Slurm ended the job: read scontrol show job {jid} / sacct -j {jid}, then resubmit")
+        return End("dead", f"slurm job {jid} state = CANCELLED{who}",
+                   "Someone or something (scancel, an admin, a dependency) cancelled the job: "
+                   f"resubmit it ({job.sbatch_line()}) with --resume if that was not meant")
+    return End("dead", f"slurm job {jid} state = {st}{code}{on}",
+               f"Slurm ended the job: read scontrol show job {jid} / sacct -j {jid}, then resubmit")
+
+
+# ----------------------------------------------------------------------------- the engine
+NAME = "slurm"
+LAUNCH_FLAG = "--slurm"
+LAUNCH_HELP = ("submit the command as a Slurm job (sbatch --parsable, output appended to RUN_DIR/train.log) "
+               "and record its job id in launch.json: the watchdog follows the newest job recorded there")
+OPTION_FLAG = "--sbatch"
+OPTION_HELP = "with --slurm: an sbatch option (repeatable, one word: --sbatch=--partition=debug)"
+WATCH_FLAG = "--slurm-job"
+WATCH_HELP = ("follow a Slurm job with squeue/sacct: PENDING is no stall, the scheduler's end states are "
+              "verdicts (references/cluster.md)")
+FRESH = "a Slurm job: submit its batch script again with a new output folder"
+JOB_ID = re.compile(r"\d+(?:_\d+)?(?:\+\d+)?")
+SUBMITTED = re.compile(r"^(\d+)(?:;\S+)?$")   # sbatch --parsable: ID or ID;CLUSTER
+
+
+def job_id(text: str) -> str:
+    """A Slurm job id as sbatch printed it (123456, 123456_7), or ValueError."""
+    text = str(text).strip()
+    if not JOB_ID.fullmatch(text):
+        raise ValueError(f"{text!r} is not a Slurm job id; give the number sbatch printed (e.g. 4242)")
+    return text
+
+
+def state(job: str, runner=None) -> Job:
+    """The scheduler's view of ``job`` (``query``) as engine-neutral facts; a finished job's end
+    read here (its output file's root cause), so the judge reads no file."""
+    j = query(job, runner=runner)
+    if j.state is None:
+        return Job(NAME, j.job_id, UNKNOWN, error=j.error)
+    phase = RUN if j.running else WAIT if j.waiting else ENDED if j.finished else UNKNOWN
+    return Job(NAME, j.job_id, phase, state=j.state, reason=j.reason if j.reason not in ("", "None") else "",
+               nodes=j.nodes, exit_code=j.exit_code, logs=j.stdout, end=ending(j) if phase == ENDED else None,
+               error=None if phase != UNKNOWN else f"job {j.job_id} is in a state this watchdog does not know: {j.state}")
+
+
+def check(argv: list, cwd, env: dict) -> dict:
+    """Nothing to find here but sbatch (the command runs where Slurm puts it)."""
+    import shutil
+    if shutil.which("sbatch", path=env.get("PATH", os.defpath)) is None:
+        raise UsageError("sbatch is not on PATH: --slurm submits through Slurm; run it where sbatch works")
+    return {}
+
+
+def submit(run, argv: list, *, cwd, env: dict, variables: dict, log, options=(), runner=None) -> dict:
+    """``sbatch --parsable`` of ``argv`` (``--wrap``, ``variables`` set with ``env``), output
+    appended to ``log``, run in ``cwd``; the launch record's fields that name the job (and its
+    sbatch options, kept for a resubmission)."""
+    import shlex
+    import subprocess
+    runner = runner or subprocess.run
+    words = " ".join(f"{k}={shlex.quote(v)}" for k, v in variables.items())
+    cmd = ["sbatch", "--parsable", f"--chdir={cwd}", f"--output={log}", "--open-mode=append", *options,
+           f"--wrap=exec env {words} {shlex.join(argv)}"]
+    try:
+        p = runner(cmd, capture_output=True, text=True, timeout=60, env=env, cwd=cwd)
+    except (OSError, subprocess.SubprocessError) as e:
+        raise UsageError(f"sbatch did not run ({e}); nothing was submitted")
+    m = SUBMITTED.match((p.stdout or "").strip())
+    if p.returncode != 0 or not m:
+        said = ((p.stderr or p.stdout or "").strip().splitlines() or ["no output"])[-1][:200]
+        raise UsageError(f"sbatch refused the job (exit {p.returncode}: {said}); nothing was submitted")
+    return {"pid": None, "host": None, "job_id": m[1], "options": list(options)}
+
+
+def held(rec: dict) -> bool:
+    """The recorded job is still queued or running (the scheduler holds it)."""
+    return bool(rec.get("job_id")) and not query(rec["job_id"]).finished
+
+
+def cancel(rec: dict, grace_s: float = 0.0, clock=None, runner=None) -> Cancelled:
+    """``scancel`` of the recorded job; UsageError when scancel cannot run or refuses."""
+    import subprocess
+    job = rec["job_id"]
+    try:
+        p = (runner or subprocess.run)(["scancel", job], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as e:
+        raise UsageError(f"scancel {job} did not run ({e}); cancel the job where Slurm runs")
+    if p.returncode != 0:
+        raise UsageError(f"scancel {job} failed: {(p.stderr or p.stdout).strip()[:200]}")
+    return Cancelled(["scancel"], True, None, f"cancelled Slurm job {job} (scancel)")
+
+
+def job_of(start) -> Optional[str]:
+    """The Slurm job a start record's attempt ran in (its writer read SLURM_JOB_ID)."""
+    jid = start.get("slurm_job_id") if isinstance(start, dict) else None
+    return jid if isinstance(jid, str) and jid else None
+
+
+RESOURCES = {"job_name": "--job-name", "partition": "--partition", "nodes": "--nodes",
+             "ntasks_per_node": "--ntasks-per-node", "cpus_per_task": "--cpus-per-task", "account": "--account",
+             "qos": "--qos"}
+
+
+def resubmit(start: dict, recorded: Optional[list] = None) -> tuple[list, str]:
+    """(launch.py's words that resubmit the attempt through Slurm, a note): the launcher's own
+    sbatch options (``recorded``, launch.json's), else the resources the job's variables recorded."""
+    jid = job_of(start)
+    if recorded is not None:
+        args = list(recorded)
+        note = f"a resubmission of Slurm job {jid} through the launcher (the same sbatch options)"
+    else:
+        job = start.get("slurm") if isinstance(start.get("slurm"), dict) else {}
+        args = [f"{flag}={job[k]}" for k, flag in RESOURCES.items() if isinstance(job.get(k), str) and job[k]]
+        if isinstance(job.get("gpus_per_node"), str) and job["gpus_per_node"].isdigit() and job["gpus_per_node"] != "0":
+            args.append(f"--gres=gpu:{job['gpus_per_node']}")
+        if isinstance(job.get("mem_per_node"), str) and job["mem_per_node"].isdigit():
+            args.append(f"--mem={job['mem_per_node']}M")
+        note = (f"a resubmission of Slurm job {jid} through the launcher with the resources its variables "
+                "recorded (check them against your batch script, which may also set up modules or an environment; "
+                f"scontrol requeue {jid} re-runs that script unchanged)")
+    return [LAUNCH_FLAG, *(f"{OPTION_FLAG}={a}" for a in args)], note
