@@ -27,8 +27,7 @@ def _th(default, unit: str, doc: str, kind: str = "", folded: bool = True):
     the records (a scan folded under another value of it is another fold)."""
     kind = kind or (SWITCH if isinstance(default, bool) else POSITIVE_INT if isinstance(default, int) else POSITIVE)
     assert kind in KINDS, kind
-    return field(default=default, metadata={"unit": unit, "help": doc, "kind": kind, "duration": kind == DURATION,
-                                            "folded": folded})
+    return field(default=default, metadata={"unit": unit, "help": doc, "kind": kind, "folded": folded})
 
 
 @dataclass(frozen=True)
@@ -102,7 +101,7 @@ class Thresholds:
     def describe(cls):
         """(name, default, unit, help, is_duration) for every threshold, in order."""
         for f in fields(cls):
-            yield f.name, f.default, f.metadata["unit"], f.metadata["help"], f.metadata["duration"]
+            yield f.name, f.default, f.metadata["unit"], f.metadata["help"], f.metadata["kind"] == DURATION
 
 
 def markdown(kinds) -> str:

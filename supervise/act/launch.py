@@ -182,7 +182,7 @@ def launch(run_dir, argv: list[str], *, engine: str = engines.LOCAL, options: tu
             raise UsageError(f"{run_dir} already has {launched(held)} queued or running: stop it first "
                              f"({stop_line(run)}), relaunch with --replace, or launch into another run folder")
         replaced = _replace(run, prev, live, grace_s) if live else []
-        if held:
+        if held:   # the scheduler's job of the last launch, still queued or running
             replaced.append({"job_id": held["job_id"], "how": engines.engine(held["engine"]).cancel(held, grace_s).line})
         if live or held:
             prev = read_launch(run)

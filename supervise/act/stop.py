@@ -18,7 +18,7 @@ from pathlib import Path
 
 from supervise.cli import Parser, UsageError, duration, front_door, run_dir_arg
 from supervise.observe import engines
-from supervise.observe.probes import group_members, process, same_process
+from supervise.observe.probes import process
 from supervise.observe.engines.local import KILL_WAIT_S, TICK_S
 from supervise.observe.state import launched, read_launch, update_launch, where_launched
 from supervise.vocabulary import EXIT_ANOMALY, EXIT_OK, LAUNCH
@@ -43,21 +43,19 @@ def stop(run_dir, grace_s: float = GRACE_S, *, by: str = "stop.py", clock=time.m
         raise UsageError(f"{run} has no readable {LAUNCH}: only a run started by launch.py can be stopped by "
                          "stop.py; end another process with kill")
     eng = engines.engine(rec["engine"])
-    if rec["engine"] == engines.LOCAL:
-        pid, pgid = rec["pid"], rec["pgid"] or rec["pid"]
-        who = f"pid {pid} (group {pgid})"
-        away = where_launched(rec)
-        if away:
-            raise UsageError(f"{who} was launched {away}: run stop.py there")
-        recycled = pgid == pid and process(pid).alive and not same_process(pid, rec["create_time"])
-        if recycled or not group_members(pgid):
-            return Stopped(EXIT_OK, f"{who} is already gone; nothing to stop")
-    elif not eng.held(rec):   # a job a scheduler ran: it says whether there is one to cancel
-        return Stopped(EXIT_OK, f"{launched(rec)} has already ended; nothing to stop")
+    scheduled = rec["engine"] != engines.LOCAL
+    pgid = rec["pgid"] or rec["pid"]
+    who = launched(rec) if scheduled else f"pid {rec['pid']} (group {pgid})"
+    away = where_launched(rec)
+    if away:
+        raise UsageError(f"{who} was launched {away}: run stop.py there")
+    if not eng.held(rec):   # the engine says whether there is anything to end
+        return Stopped(EXIT_OK, f"{who} has already ended; nothing to stop" if scheduled else
+                       f"{who} is already gone; nothing to stop")
     stop_rec = {"requested_at": time.time(), "by": by, "grace_s": grace_s}
     note = _record(run, stop=stop_rec)
     out = eng.cancel(rec, grace_s, clock)
-    if rec["engine"] != engines.LOCAL:
+    if scheduled:
         return Stopped(EXIT_OK, out.line)
     if not out.how:
         return Stopped(EXIT_OK, f"{who} is already gone; nothing to stop")

@@ -405,7 +405,7 @@ class Observer:
                                                                   and stop["requested_at"] < start["time"]):
             stopped = f"pid {launch['pid']} stopped by {stop.get('by') or 'scripts/stop.py'}"
         job = self._job(now, launch)
-        submitted = bool(engines.of_launch(launch) and engines.of_launch(launch) == self._followed(launch)
+        submitted = bool(job is not None and (job.engine, job.job_id) == engines.of_launch(launch)
                          and not (is_finite(start.get("time")) and start["time"] > launch["launched_at"]))
         if submitted and records.start:   # the submitted job has not written its start record: the old attempt is history
             records = Records(start=records.start, attempts=records.attempts)

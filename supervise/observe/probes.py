@@ -42,11 +42,11 @@ class ProcInfo:
         return self.state not in GONE
 
 
-def proc_stat(pid: int) -> Optional[tuple]:
+def proc_stat(pid: int) -> tuple:
     """(name, fields) of ``/proc/PID/stat``, the one parser of it: ``fields`` are the words after
     the name, so ``fields[0]`` is the state letter, ``[1]`` the parent pid, ``[2]`` the process
     group, ``[11]``/``[12]`` user/system ticks, ``[19]`` the start in ticks after boot, ``[21]``
-    the resident pages. None when it cannot be read (FileNotFoundError: the pid is gone)."""
+    the resident pages. OSError when it cannot be read (FileNotFoundError: the pid is gone)."""
     with open(f"/proc/{pid}/stat") as f:
         stat = f.read()
     return stat[stat.find("(") + 1: stat.rfind(")")], stat[stat.rfind(")") + 2:].split()

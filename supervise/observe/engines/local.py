@@ -19,7 +19,7 @@ from typing import Optional
 
 from supervise.cli import UsageError
 from supervise.observe.engines import ENDED, RUNNING, Cancelled, Job
-from supervise.observe.probes import group_members, here_fields, process
+from supervise.observe.probes import group_members, here_fields, process, same_process
 from supervise.observe.state import launch_alive
 
 NAME = "local"
@@ -81,7 +81,11 @@ def submit(run, argv: list, *, cwd, env: dict, variables: dict, log, options=(),
 
 
 def held(rec: dict) -> bool:
-    return launch_alive(rec)
+    """The launched process group still has a live member (a leader pid recycled by another
+    process is not the launch's)."""
+    pid, pgid = rec["pid"], rec.get("pgid") or rec["pid"]
+    recycled = pgid == pid and process(pid).alive and not same_process(pid, rec.get("create_time"))
+    return not recycled and bool(group_members(pgid))
 
 
 def _wait_gone(pgid: int, seconds: float, clock) -> bool:
