@@ -1,16 +1,22 @@
-"""What one watchdog poll costs on a huge metrics file, next to re-reading the whole file (what
-a naive watchdog does), how many polls pass from a fault to the watchdog's exit, and what the
-checkpoint probe adds to a poll (50 unchanged checkpoints: HF folders, Lightning files).
+"""What one watchdog poll costs on a huge metrics file (issue 35's, built exactly: 2,000,000
+lines, 166 MB, an eval every 25,000 lines, no start record), next to re-reading the whole file
+(what a naive watchdog does), how many polls pass from a fault to the watchdog's exit, and what
+the checkpoint probe adds to a poll (50 unchanged checkpoints: HF folders, Lightning files).
 
     python benchmarks/poll.py [--lines 2000000] [--poll 0.5]
-    python benchmarks/poll.py --only cpu [--rate 2000] [--cpu-poll 1] [--seconds 60] [--before DIR]
+    python benchmarks/poll.py --only cpu [--rate 2000] [--cpu-poll 1] [--seconds 60] [--repeat 3]
+                                         [--prefill 2000000] [--before DIR]
 
 Both sides run in this one process on the same file, so the ratio holds on a noisy machine.
 
 The watchdog's own cost (``--only cpu``, also part of a full run): a writer appends --rate
 records a second (a busy LM run logging every step on 8 ranks) while ``scripts/watchdog.py
 --poll --cpu-poll`` follows it; its CPU time over --seconds (after a 5 s warm-up) is reported as
-% of one core, and its RSS sampled every 5 s. ``--before DIR`` runs the same beside a watchdog
+% of one core, and its RSS sampled every 5 s; --repeat N measures N times one after the other
+and reports the median (a busy machine). The run folder starts with issue 35's files (its
+metrics.jsonl, --prefill lines, and its 110 MB progress-bar train.log; --prefill 0: empty), which
+the watchdog's first poll skims during the warm-up; the writer's start record then begins the
+attempt that is measured. ``--before DIR`` runs the same beside a watchdog
 from another checkout (the tree before a change), at the same time on the same machine, each
 with its own run folder and writer: the figures side by side.
 """
@@ -33,16 +39,10 @@ from supervise.observe.checkpoints import CheckpointWatch  # noqa: E402
 from supervise.thresholds import Thresholds  # noqa: E402
 from supervise.tools.watch import Watchdog  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from checkin import issue_log, issue_metrics  # noqa: E402  issue 35's files, exactly
+
 STEP = '{"step":%d,"t":%d.5,"loss":0.31,"lr":0.0001,"grad_norm":1.1,"sps":812.0}\n'
-
-
-def make_file(path: Path, lines: int) -> None:
-    with open(path, "w") as f:
-        f.write(json.dumps({"event": "start", "t": 0, "pid": os.getpid(), "total_steps": lines * 20,
-                            "num_labels": 2, "world_size": 1, "batch_size": 32}) + "\n")
-        block = 10000
-        for lo in range(1, lines, block):
-            f.write("".join(STEP % (i * 10, i) for i in range(lo, min(lo + block, lines))))
 
 
 def naive_poll(path: Path) -> int:
@@ -57,7 +57,7 @@ def naive_poll(path: Path) -> int:
 def poll_cost(lines: int) -> dict:
     with tempfile.TemporaryDirectory() as d:
         run = Path(d)
-        make_file(run / "metrics.jsonl", lines)
+        issue_metrics(run / "metrics.jsonl", lines)
         hf_checkpoints(run / "checkpoints", 50)   # the disk probe on: RUN_DIR/checkpoints is followed
         size = (run / "metrics.jsonl").stat().st_size
         t0 = time.perf_counter()
@@ -65,13 +65,14 @@ def poll_cost(lines: int) -> dict:
         full.observer.reader.catchup = 1 << 62   # what v0.1 did: fold every line once
         full.poll()
         full_catch_up = time.perf_counter() - t0
+        (run / ".scan.json").unlink(missing_ok=True)   # a re-attach, not a resume of the scan just kept
         w = Watchdog(run, Thresholds(poll=30, max_stall=1e9, hard_timeout=1e9))
         t0 = time.perf_counter()
         w.poll()
         catch_up = time.perf_counter() - t0
         reader = w.observer.reader
         skipped = reader.skipped_bytes
-        step = lines * 10
+        step = lines * 100   # the issue's file ends at step lines x 10: these come after it
         costs, read = [], []
         with open(run / "metrics.jsonl", "a") as f:
             for _ in range(200):
@@ -197,7 +198,7 @@ while True:
 """
 
 
-def cpu_cost(trees: list, rate: float, poll: float, seconds: float) -> list:
+def cpu_cost(trees: list, rate: float, poll: float, seconds: float, prefill: int = 0) -> list:
     """For each checkout in ``trees`` at once: a writer at ``rate`` records/s into its own run
     folder and that checkout's scripts/watchdog.py --poll ``poll`` beside it; the watchdog's CPU
     % of one core over ``seconds`` (after 5 s), RSS samples every 5 s, and the file's size."""
@@ -209,6 +210,9 @@ def cpu_cost(trees: list, rate: float, poll: float, seconds: float) -> list:
         for i, tree in enumerate(trees):
             run = Path(d) / f"run{i}"
             run.mkdir()
+            if prefill:
+                issue_metrics(run / "metrics.jsonl", prefill)
+                issue_log(run / "train.log")
             log = open(run / "train.log", "ab")
             writer = subprocess.Popen([sys.executable, "-c", WRITER, str(run), str(rate)], stdout=log, stderr=log)
             while not (run / "metrics.jsonl").exists():
@@ -247,12 +251,24 @@ def cpu_cost(trees: list, rate: float, poll: float, seconds: float) -> list:
 
 def print_cpu(a) -> None:
     trees = ([a.before] if a.before else []) + [str(ROOT)]
-    for r in cpu_cost(trees, a.rate, a.cpu_poll, a.seconds):
-        who = "before" if a.before and r["tree"] == a.before else "this tree"
+    rounds = []
+    for i in range(a.repeat):
+        got = cpu_cost(trees, a.rate, a.cpu_poll, a.seconds, a.prefill)
+        rounds.append(got)
+        if a.repeat > 1:
+            print(f"  round {i + 1}: " + ", ".join(f"{'before' if a.before and r['tree'] == a.before else 'this tree'} "
+                                                   f"{r['cpu_pct']:.2f}%" for r in got), flush=True)
+    load = os.getloadavg()
+    for k, tree in enumerate(trees):
+        who = "before" if a.before and tree == a.before else "this tree"
+        pcts = [rnd[k]["cpu_pct"] for rnd in rounds]
+        r = rounds[-1][k]
         rss = r["rss_mb"]
-        print(f"watchdog's own cost ({who}: {r['tree']}): {r['cpu_pct']:.2f}% of one core at {a.rate:g} records/s, "
-              f"--poll {a.cpu_poll:g}, over {r['wall_s']:.0f} s (target <= 3%); RSS {rss[0]:.1f} -> {rss[-1]:.1f} MB "
-              f"(max {max(rss):.1f}, {len(rss)} samples); file {r['records']:,} lines, {r['file_mb']:.0f} MB")
+        print(f"watchdog's own cost ({who}: {tree}): median {statistics.median(pcts):.2f}% of one core "
+              f"(min {min(pcts):.2f}, max {max(pcts):.2f}, {len(pcts)} runs of {r['wall_s']:.0f} s) at {a.rate:g} "
+              f"records/s, --poll {a.cpu_poll:g} (target <= 3%); RSS {rss[0]:.1f} -> {rss[-1]:.1f} MB "
+              f"(max {max(rss):.1f}); file {r['records']:,} lines, {r['file_mb']:.0f} MB")
+    print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs")
 
 
 def main():
@@ -264,6 +280,9 @@ def main():
     p.add_argument("--cpu-poll", type=float, default=1.0, help="the watchdog's --poll (cpu)")
     p.add_argument("--seconds", type=float, default=60.0, help="how long the CPU is measured (cpu)")
     p.add_argument("--before", metavar="DIR", help="another checkout's watchdog, measured at the same time (cpu)")
+    p.add_argument("--repeat", type=int, default=3, help="CPU measurements one after the other; the median (cpu)")
+    p.add_argument("--prefill", type=int, default=2_000_000,
+                   help="lines of issue 35's metrics.jsonl (and its train.log) the run folder starts with (cpu)")
     a = p.parse_args()
     if a.only == "cpu":
         print_cpu(a)

@@ -3,6 +3,19 @@ run's eval or checkpoint pause a stall: both ways, with the integrations' ``expe
 without it.
 
     python benchmarks/stall_limit.py [--seeds 6] [--hours 3]
+    python benchmarks/stall_limit.py --real [--rhythms 1,5,10,30] [--reps 2] [--slow-reps 1] [--parallel 6]
+
+``--real`` (issue 35) runs real trainers instead (``benchmarks/rhythm_loop.py``: a run under way,
+then real steps of --every s, half a forward pass in Python, half a wait for the batch) under the
+real ``scripts/watchdog.py RUN --poll 5`` (the defaults otherwise), both ways in the one run:
+``before`` with ``--hang-window 0`` (the clock alone, the behaviour before the frames' evidence),
+``after`` with the default. Per rhythm: hangs between steps (after record 29, an eval due, and
+after record 27, none due: alternate repetitions), hangs halfway through the unannounced eval due
+at record 30 (3 steps long), and healthy runs (an unannounced eval of 3 steps, an unannounced
+save of max(2 steps, 25 s), a forward pass of 3 steps in Python, then the sentinel). It prints
+seconds from the hang's start to the watchdog's exit with a stall line naming the hung frame
+(median / max, count) and the healthy runs that ended in an anomaly (false hangs). A 30 s rhythm
+takes ~9 minutes a run before; all runs go --parallel at a time.
 
 Record streams are simulated in record time (no sleeping: the figures do not depend on this
 machine's speed) and fed to the real ``rules.StallClock`` with the real ``Thresholds``, record by
@@ -185,12 +198,169 @@ def _verdict_after(cfg: Config, last: float, limit: float, phase: float) -> floa
     return phase + POLL * max(0, -(-(deadline - phase) // POLL))
 
 
+# ---------------------------------------------------------------------------- real processes (issue 35)
+ROOT = Path(__file__).resolve().parents[1]
+LOOP = ROOT / "benchmarks" / "rhythm_loop.py"
+WATCHDOG = ROOT / "scripts" / "watchdog.py"
+
+
+@dataclasses.dataclass
+class Job:
+    mode: str                  # before (--hang-window 0: the clock alone) | after (the frames' evidence too)
+    every: float               # s per step
+    where: str                 # step | eval | healthy
+    rep: int
+    run_dir: Path = None
+    trainer: object = None
+    watchdog: object = None
+    began: float = 0.0
+    rc: Optional[int] = None
+    line: str = ""
+    ended: float = 0.0
+    hang_at: Optional[float] = None
+
+    @property
+    def name(self):
+        return f"{self.mode}-L{self.every:g}-{self.where}-{self.rep}"
+
+
+def _start(job: Job, base: Path) -> None:
+    import subprocess
+    job.run_dir = base / job.name
+    job.run_dir.mkdir(parents=True)
+    log = open(job.run_dir / "train.log", "ab")
+    # the history ends with an eval at step record 24 (evals every 6): a hang inside an eval comes in the eval that
+    # is due at record 30; a hang between steps after record 29 (an eval due: the clock allows the eval pause)
+    # for even reps, after record 27 (none due: the steps' rhythm) for odd ones
+    steps = {"eval": 6, "step": 5 if job.rep % 2 == 0 else 3, "healthy": 2}[job.where]
+    argv = [sys.executable, "-u", str(LOOP), str(job.run_dir), "--every", f"{job.every:g}", "--steps", str(steps)]
+    argv += ["--healthy"] if job.where == "healthy" else ["--hang", job.where]
+    job.trainer = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    log.close()
+    import time
+    end = time.time() + 60
+    while time.time() < end and not (job.run_dir / "metrics.jsonl").exists():
+        time.sleep(0.1)
+    flags = ["--poll", "5"] + (["--hang-window", "0"] if job.mode == "before" else [])
+    job.watchdog = subprocess.Popen([sys.executable, str(WATCHDOG), str(job.run_dir), *flags],
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    job.began = time.time()
+
+
+def _finish(job: Job) -> None:
+    import os
+    import signal
+    import time
+    job.ended = time.time()
+    job.rc = job.watchdog.returncode
+    job.line = (job.watchdog.stdout.read() or "").strip().splitlines()[-1:] or [""]
+    job.line = job.line[0]
+    try:
+        os.killpg(job.trainer.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    job.trainer.wait()
+    try:
+        job.hang_at = float((job.run_dir / "hang_at").read_text())
+    except (OSError, ValueError):
+        job.hang_at = None
+
+
+def real(a) -> None:
+    """Real trainers (benchmarks/rhythm_loop.py) under the real watchdog with its defaults
+    (--poll 5, no --max-stall), both ways: seconds from the hang's start (RUN_DIR/hang_at) to
+    the watchdog's exit with its line; healthy runs (an unannounced eval of 3 steps, a save of
+    max(2 steps, 25 s), a forward pass of 3 steps) that ended in an anomaly are false hangs."""
+    import re
+    import shutil
+    import tempfile
+    import time
+    rhythms = [float(x) for x in a.rhythms.split(",")]
+    modes = a.modes.split(",")
+    jobs = []
+    for mode in modes:
+        for L in rhythms:
+            reps = a.slow_reps if L >= 30 else a.reps
+            for where in ("step", "eval"):
+                jobs += [Job(mode, L, where, r) for r in range(reps)]
+            if a.healthy:
+                jobs += [Job(mode, L, "healthy", r) for r in range(a.healthy_reps)]
+    jobs.sort(key=lambda j: (-j.every, j.where != "healthy", j.mode))   # the longest first
+    base = Path(tempfile.mkdtemp(prefix="stall-real-"))
+    todo, running, done = list(jobs), [], []
+    t0 = time.time()
+    print(f"{len(jobs)} runs, {a.parallel} at a time, in {base}", flush=True)
+    try:
+        while todo or running:
+            while todo and len(running) < a.parallel:
+                job = todo.pop(0)
+                _start(job, base)
+                running.append(job)
+            time.sleep(0.5)
+            for job in list(running):
+                timed_out = time.time() - job.began > a.timeout
+                if timed_out:
+                    job.watchdog.kill()
+                    job.watchdog.wait()
+                if job.watchdog.poll() is not None:
+                    _finish(job)
+                    running.remove(job)
+                    done.append(job)
+                    print(f"  {time.time() - t0:6.0f}s {job.name}: rc {job.rc} {job.line[:160]}", flush=True)
+    finally:
+        for job in running:
+            job.watchdog.kill()
+            _finish(job)
+        if not a.keep:
+            shutil.rmtree(base, ignore_errors=True)
+    frame = {"step": "fetch_batch", "eval": "next_eval_batch"}
+    print(f"\nreal processes, the watchdog's defaults (--poll 5, no --max-stall); seconds from the hang's start to the "
+          f"verdict, median / max (n); wall {time.time() - t0:.0f}s")
+    head = f"{'':8} {'where':16} " + " ".join(f"{f'L={L:g}s':>17}" for L in rhythms)
+    print(head)
+    for mode in modes:
+        for where in ("step", "eval"):
+            cells = []
+            for L in rhythms:
+                mine = [j for j in done if j.mode == mode and j.every == L and j.where == where]
+                took, wrong = [], 0
+                for j in mine:
+                    began = j.hang_at
+                    ok = j.rc == 7 and "ANOMALY stall:" in j.line and frame[where] in j.line
+                    if began is None or not ok:
+                        wrong += 1
+                        continue
+                    took.append(j.ended - began)
+                cell = f"{statistics.median(took):4.0f} / {max(took):4.0f} ({len(took)})" if took else "-"
+                cells.append(cell + (f" {wrong} bad" if wrong else ""))
+            label = {"step": "between steps", "eval": "inside an eval"}[where]
+            print(f"{mode:8} {label:16} " + " ".join(f"{c:>17}" for c in cells))
+        if a.healthy:
+            healthy = [j for j in done if j.mode == mode and j.where == "healthy"]
+            false = [j for j in healthy if j.rc != 0]
+            print(f"{mode:8} {'false hangs':16} {len(false)} of {len(healthy)} healthy runs"
+                  + "".join(f"; {j.name}: {re.sub(r'Stacks:.*', '', j.line)[:140]}" for j in false))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=6)
     ap.add_argument("--hours", type=float, default=3.0)
     ap.add_argument("--hiccups", type=float, default=0.01, help="the share of step gaps that run 2-3x long")
+    ap.add_argument("--real", action="store_true", help="real trainers under the real watchdog, before and after the "
+                    "frames' evidence (issue 35) instead of the simulated record streams")
+    ap.add_argument("--rhythms", default="1,5,10,30", help="--real: s per step, comma-separated")
+    ap.add_argument("--modes", default="before,after", help="--real: before (--hang-window 0), after (the default)")
+    ap.add_argument("--reps", type=int, default=2, help="--real: hangs per rhythm and place")
+    ap.add_argument("--slow-reps", type=int, default=1, help="--real: hangs per place at rhythms of 30 s and more")
+    ap.add_argument("--parallel", type=int, default=6, help="--real: runs at a time")
+    ap.add_argument("--timeout", type=float, default=900.0, help="--real: s a watchdog may take")
+    ap.add_argument("--healthy-reps", type=int, default=1, help="--real: healthy runs per rhythm")
+    ap.add_argument("--no-healthy", dest="healthy", action="store_false", help="--real: no healthy runs")
+    ap.add_argument("--keep", action="store_true", help="--real: keep the run folders")
     a = ap.parse_args()
+    if a.real:
+        return real(a)
     intervals = (1.0, 2.0, 5.0, 10.0)
     pauses = ((30.0, 20.0), (120.0, 90.0))   # (eval, save) seconds
     print(f"{a.seeds} runs of {a.hours:g} h per cell and (eval, save) in {pauses} s; L = seconds between step "

@@ -39,6 +39,7 @@ class Thresholds:
     max_stall: float = _th(360.0, "s", "metrics file unmodified this long while the process lives: stall", DURATION, folded=False)
     min_stall: float = _th(45.0, "s", "the learned stall (--stall-factor x the longest gap between step records, or next to an eval while one is due) is never shorter than this; it also pads an announced pause (expect)", DURATION, folded=False)
     stall_factor: float = _th(5.0, "x", "once the run shows its rhythm (20 step records and an eval), a silence this many times its longest step gap is a stall, or its longest eval pause (the eval and a save after it) while an eval is due (benchmarks/stall_limit.py); 0 turns learning off", NONNEGATIVE, folded=False)
+    hang_window: float = _th(20.0, "s", "a silent run whose every process's main-thread stack, sampled every poll (at most 5 s apart) once the silence passes max(the median step gap, 10s), stayed the same this long, idle (under a quarter of a core) or waiting in a collective, with every rank's innermost frame in a wait (a lock, an event, a queue, a socket, a collective, a DataLoader fetch, a sleep): stall, before the clock's limit; frames that move push the clock's limit out (references/hangs.md); 0 turns the frame evidence off (the clock alone)", NONNEGATIVE, folded=False)
     startup_grace: float = _th(300.0, "s", "silence allowed before the first step record (tokenizing, loading weights)", DURATION, folded=False)
     orphan_grace: float = _th(2.0, "s", "relaunch grace: what a watchdog finds at attach with no process of the run (an old sentinel, FATAL, first hit or traceback) is confirmed after this long, so that a relaunch started beside it can show", DURATION, folded=False)
     rank_grace: float = _th(10.0, "s", "one of several run processes gone this long while the others live: dead", DURATION, folded=False)
@@ -104,7 +105,7 @@ class Thresholds:
             yield f.name, f.default, f.metadata["unit"], f.metadata["help"], f.metadata["kind"] == DURATION
 
 
-def markdown(kinds) -> str:
+def markdown(kinds, follows=()) -> str:
     """references/thresholds.md, generated from ``Thresholds`` and the rule table's ``kinds``
     (``judge.KINDS``; a test keeps the file equal to this text)."""
     rows = []
@@ -115,7 +116,8 @@ def markdown(kinds) -> str:
         "# Watchdog flags and thresholds",
         "",
         "Generated from `supervise.thresholds.Thresholds` and `supervise.judge.table.RULES` (`python -c \"from "
-        "supervise.judge.table import KINDS; from supervise.thresholds import markdown; print(markdown(KINDS), end='')\" "
+        "supervise.judge.table import KINDS; from supervise.observe.engines import follow_flags; from "
+        "supervise.thresholds import markdown; print(markdown(KINDS, follow_flags()), end='')\" "
         "> references/thresholds.md`); a test fails when it drifts.",
         "",
         "`python scripts/watchdog.py RUN_DIR [flags]`. Durations take seconds or `90s`, `6m`, `3h`.",
@@ -129,7 +131,7 @@ def markdown(kinds) -> str:
         "| `--pid PID` | a training process to watch (repeatable); default: the start record's pid and every process writing the log |",
         "| `--log PATH` | the training log (default `RUN_DIR/train.log`) |",
         "| `--sentinel NAME` | the completion sentinel, a file name in RUN_DIR (default `final_val_metrics.json`) |",
-        "| `--slurm-job ID` | follow a Slurm job with squeue/sacct: PENDING is no stall, the scheduler's end states are verdicts (references/cluster.md) |",
+        *(f"| `{flag} ID` | {what} |" for flag, what in follows),
         "| `--checkpoint-dir DIR` | a folder of checkpoints for the disk rule (repeatable); default: the start record's `checkpoint_dir`, else `RUN_DIR/checkpoints` |",
         "| `--detach` | start detached (own session, its line appended to `RUN_DIR/watchdog.log`) and return at once: for a session that ends |",
         "| `--on-exit CMD` | a shell command run once, detached, when the watchdog ends, with `SUPERVISE_VERDICT`, `SUPERVISE_KIND`, `SUPERVISE_EXIT_CODE`, `SUPERVISE_RUN_DIR`, `SUPERVISE_SESSION_ID` set (references/session.md) |",

@@ -48,7 +48,7 @@ def need(module: str):
     try:
         return importlib.import_module(module)
     except ImportError as e:
-        missing(f"{module} is not installed ({e}); pip install -e '.[hf,trl,lightning,plot,audit,dev,hang]'")
+        missing(f"{module} is not installed ({e}); pip install -e '.[hf,trl,lightning,plot,audit,dev,hang,ray]'")
 
 
 @pytest.fixture(autouse=True)

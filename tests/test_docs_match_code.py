@@ -237,10 +237,10 @@ def test_skill_and_checkin_help_list_the_same_verdicts():
 def test_thresholds_md_lists_every_watchdog_flag_and_no_other():
     rc, out, _ = run_script("watchdog.py", "--help")
     assert rc == 0
-    helped = set(re.findall(r"^  (?:-\w, )?(--[a-z][a-z-]*)", out, re.M)) - {"--help"}
+    helped = set(re.findall(r"^  (?:-\w, )?(--[a-z][a-z0-9-]*)", out, re.M)) - {"--help"}
     doc = (ROOT / "references" / "thresholds.md").read_text()
     rows = [r.split("|")[1] for r in doc.splitlines() if r.startswith("| `--")]
-    listed = set(re.findall(r"`(--[a-z][a-z-]*)", "".join(rows)))
+    listed = set(re.findall(r"`(--[a-z][a-z0-9-]*)", "".join(rows)))
     assert helped - listed == set(), f"missing from references/thresholds.md: {sorted(helped - listed)}"
     assert listed - helped == set(), f"not watchdog flags: {sorted(listed - helped)}"
     assert {f"--{name.replace('_', '-')}" for name, *_ in Thresholds.describe()} <= listed
@@ -284,7 +284,7 @@ def test_the_inverted_fault_flips_the_eval_labels(tmp_path):
 def test_the_readme_install_keeps_its_commands_and_says_how_to_get_cpu_torch():
     blocks = re.findall(r"```bash\n(.*?)```", README, re.S)
     assert blocks[0].strip() == ("python3 -m venv .venv && .venv/bin/pip install torch==2.13.0 -e "
-                                 "'.[hf,trl,lightning,plot,audit,dev,hang]' && .venv/bin/python scripts/demo.py")
+                                 "'.[hf,trl,lightning,plot,audit,dev,hang,ray]' && .venv/bin/python scripts/demo.py")
     assert blocks[1].strip() == ".venv/bin/python -m pytest -q"
     pin = re.search(r"torch==([\d.]+)", blocks[0]).group(1)
     cpu = re.search(r"`([^`]*--index-url https://download\.pytorch\.org/whl/cpu[^`]*)`", README)

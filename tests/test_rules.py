@@ -311,9 +311,10 @@ def test_thresholds_from_a_bad_watchdog_json_take_defaults(saved):
 
 def test_thresholds_reference_is_generated_from_the_dataclass():
     from pathlib import Path
+    from supervise.observe.engines import follow_flags
     from supervise.thresholds import markdown
     text = (Path(__file__).resolve().parents[1] / "references" / "thresholds.md").read_text()
-    assert text == markdown(KINDS), "regenerate references/thresholds.md (command in its header)"
+    assert text == markdown(KINDS, follow_flags()), "regenerate references/thresholds.md (command in its header)"
 
 
 def test_every_kind_an_anomaly_is_made_with_is_a_row_of_the_table():

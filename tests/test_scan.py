@@ -1,9 +1,10 @@
 """What a scan learned, kept beside watchdog.json (supervise/observe/scan.py, issue 27 item 1): a fold
 resumed from the scan file equals the fold of every record (every record sequence of
 test_rules, split at every record, and through the engine on files); a NaN in the middle of a
-2,000,000-line file is named cold, warm after appends, after a truncation and after the file is
-replaced; a corrupt or foreign scan file is ignored with no traceback; check-ins at once never
-leave a broken file; a re-attaching watchdog takes the scan up."""
+2,000,000-line file is named by a watchdog's first poll, warm after appends, after a truncation
+and after the file is replaced, and a cold check-in reads only the file's tail and says what it
+left out (issue 35); a corrupt or foreign scan file is ignored with no traceback; check-ins at
+once never leave a broken file; a re-attaching watchdog takes the scan up, never a partial one."""
 import json
 import math
 import os
@@ -131,6 +132,18 @@ def append(path, first: int, n: int):
         f.write("".join(STEP % (i * 10, i) for i in range(first, first + n)))
 
 
+def watch(run):
+    """One watchdog poll (it reads every notable line), then its watchdog.json gone: (observer, verdict)."""
+    w = Watchdog(run, Thresholds(poll=1, max_stall=1e9, hard_timeout=1e9, orphan_grace=0), gpu=NoGpu())
+    v = w.poll()
+    (run / "watchdog.json").unlink(missing_ok=True)
+    return w.observer, v
+
+
+def kept_reader(run) -> dict:
+    return json.loads((run / SCAN_STATE).read_bytes())["reader"]
+
+
 def test_a_nan_in_the_middle_of_2m_lines_cold_warm_truncated_replaced(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
@@ -138,10 +151,19 @@ def test_a_nan_in_the_middle_of_2m_lines_cold_warm_truncated_replaced(tmp_path):
     big_file(m, 2_000_000, 1_000_000)
     size = m.stat().st_size
     assert size > 150e6
-    # cold: the whole file skimmed, the NaN named; the scan kept
+    # a cold check-in reads the head and the last scan.WINDOW bytes only (issue 35): the NaN in the
+    # middle is left out, and said to be; what it kept says so (a watchdog never takes it up)
     observer, v = look(run)
+    assert v.state != "anomaly" and observer.reader.unseen > size - sc.WINDOW - (1 << 20), v.line
+    assert observer.reader.bytes_read < sc.WINDOW + (1 << 20)
+    assert kept_reader(run)["unseen"] == observer.reader.unseen
+    rc, out, err = run_script("checkin.py", run)
+    assert rc == 0 and "no watchdog has read it whole: this look left" in out, out + err
+    # the watchdog's first poll ignores that scan, reads every notable line, names the NaN, keeps its scan
+    observer, v = watch(run)
+    assert observer.scan.note.startswith("ignored: a one-shot look kept it without reading"), observer.scan.note
     assert v.kind == "nan" and v.anomaly.step == 10_000_000, v.line
-    assert observer.reader.bytes_read > 0.9 * size and (run / SCAN_STATE).exists()
+    assert observer.reader.bytes_read > 0.9 * size and kept_reader(run)["unseen"] == 0
     # warm, after appends: only what was appended is read
     append(m, 2_000_000, 500)
     observer, v = look(run)
@@ -151,22 +173,25 @@ def test_a_nan_in_the_middle_of_2m_lines_cold_warm_truncated_replaced(tmp_path):
     # as a command too
     rc, out, err = run_script("checkin.py", run)
     assert rc == 0 and out.startswith("ANOMALY nan  ") and "at step 10000000" in out, out + err
+    assert "this look left" not in out
     # truncated to 1.5 M lines (the NaN stays): the scan is ignored, the file scanned again
     with open(m, "r+b") as f:
         f.truncate(size * 3 // 4)
     observer, v = look(run)
     assert observer.scan.note.startswith("ignored: metrics.jsonl was truncated"), observer.scan.note
+    observer, v = watch(run)
     assert v.kind == "nan" and v.anomaly.step == 10_000_000, v.line
     assert observer.reader.bytes_read > 0.5 * size
     # replaced (a new file renamed over it, its NaN elsewhere): ignored, the new NaN named
     big_file(run / "new.jsonl", 2_000_000, 1_500_000, run_id="b")
     os.replace(run / "new.jsonl", m)
-    observer, v = look(run)
+    observer, v = watch(run)
     assert observer.scan.note.startswith("ignored: metrics.jsonl was replaced"), observer.scan.note
     assert v.kind == "nan" and v.anomaly.step == 15_000_000, v.line
     # rewritten in place (same inode and size) just before the kept offset: not the bytes it read
     observer, v = look(run)
     assert observer.scan.note.startswith("resumed")
+    assert v.kind == "nan" and v.anomaly.step == 15_000_000, v.line
     end = m.stat().st_size
     with open(m, "r+b") as f:
         f.seek(end - 2000)
@@ -260,14 +285,26 @@ def test_check_ins_at_once_never_break_the_scan_file(tmp_path):
     assert not [n for n in os.listdir(run) if n.startswith(f".{SCAN_STATE}.")]  # no temp file left
 
 
-def test_a_look_that_skipped_the_middle_keeps_nothing(tmp_path):
+def test_a_look_that_skipped_the_middle_keeps_a_scan_no_watchdog_takes_up(tmp_path):
     """With a live watchdog beside the run and no scan file, check-in reads the head and tail
-    only: a scan that never saw the middle is not kept (a NaN there would be lost)."""
+    only: the scan it keeps says how much it did not read; the next check-in takes it up with
+    that count (and says so), a watchdog never does (a NaN there would be lost)."""
     run = small_run(tmp_path, n=200_000, nan_at=100_000)
     atomic_write_json(run / "watchdog.json", {"run_dir": str(run), "watchdog_pid": os.getpid(),
                                               "state": "watching", "last_poll": time.time()})
+    observer, v = look(run)
+    unseen = observer.reader.unseen
+    assert unseen > 0 and kept_reader(run)["unseen"] == unseen and v.state != "anomaly"
+    append(run / "metrics.jsonl", 200_000, 100)
     observer, _ = look(run)
-    assert observer.reader.unseen > 0 and not (run / SCAN_STATE).exists()
+    assert observer.scan.note.startswith("resumed") and observer.reader.unseen == unseen
+    assert observer.reader.bytes_read < 64 << 10
+    (run / "watchdog.json").unlink()
+    observer, v = watch(run)
+    assert observer.scan.note.startswith("ignored: a one-shot look kept it without reading"), observer.scan.note
+    assert v.kind == "nan" and v.anomaly.step == 1_000_000, v.line
+    observer, v = look(run)   # the watchdog's scan: every record seen
+    assert observer.scan.note.startswith("resumed") and observer.reader.unseen == 0 and v.kind == "nan"
 
 
 def test_a_reattaching_watchdog_takes_up_the_scan(tmp_path):
@@ -321,3 +358,100 @@ def test_cpu_percent_between_looks_and_over_the_lifetime():
     assert s.cpu_percent(42, 1000.0, 60.0, 1110.0) == pytest.approx(100.0)    # since: 10 s of 10 s
     assert s.cpu_percent(43, 1105.0, 1.0, 1115.0) == pytest.approx(10.0)      # another process: lifetime
     assert s.cpu_percent(43, 1105.0, None, 1120.0) is None
+
+
+# ---- issue 35: the one-shot look reads only the tail of a big file; the skim finds what it found
+def test_the_skim_by_one_byte_finds_the_lines_the_token_search_finds():
+    import random
+    from supervise.contract import _notable_lines
+    rnd = random.Random(35)
+    parts = [b"NaN", b"Infinity", b"null", b"FATAL", b'"eval_auroc"', b'"event"', b"N", b"u", b"v", b"I", b"F",
+             b"step", b"\n", b"\n", b"\n", b"1.5", b'"num_tokens"']
+    for trial in range(2000):
+        data = b"".join(rnd.choice(parts) for _ in range(rnd.randint(0, 4000 if trial % 10 == 0 else 60)))
+        assert sc.notable_lines(data) == _notable_lines(data), data
+
+
+def issue_file(path, lines: int, nan_at=None):
+    """The issue's metrics.jsonl (no start record, an eval every 25,000 lines), ``lines`` long."""
+    line = json.dumps({"step": 0, "t": 0.0, "loss": 0.4, "lr": 2e-5, "grad_norm": 1.2, "sps": 250.0}) + "\n"
+    with open(path, "w") as f:
+        for s in range(1, lines + 1):
+            f.write(line.replace('"step": 0', f'"step": {s * 10}', 1).replace("0.4", "NaN") if s == nan_at else
+                    line.replace('"step": 0', f'"step": {s * 10}', 1))
+            if s % 25_000 == 0:
+                f.write(json.dumps({"step": s * 10, "eval_auroc": round(0.9 + 0.05 * s / lines, 4), "eval_acc": 0.88}) + "\n")
+
+
+@pytest.mark.parametrize("window", [None, 1 << 20])
+def test_a_bounded_look_reads_the_window_and_says_what_it_left(window, tmp_path):
+    """LookReader with a 1 MiB window on a 4 MB file: the head, the notable lines of the last
+    MiB and the tail are read, the rest is counted unseen (a NaN there is not folded); with no
+    window every notable line is read, the NaN among them."""
+    path = tmp_path / "metrics.jsonl"
+    issue_file(path, 50_000, nan_at=20_000)
+    size = path.stat().st_size
+    r = sc.LookReader(str(path), window=window, catchup=1 << 20, head=32 << 10, tail=64 << 10)
+    recs = list(r.records())
+    nans = [x for x in recs if "loss" in x and not (isinstance(x["loss"], float) and math.isfinite(x["loss"]))]
+    evals = [x["step"] for x in recs if "eval_auroc" in x]
+    if window is None:
+        assert r.unseen == 0 and len(nans) == 1 and evals == [250_000, 500_000]
+    else:
+        assert len(nans) == 0 and evals == [500_000] and r.unseen == r.unseen_bytes
+        assert size - window - (64 << 10) - (32 << 10) - 200 < r.unseen < size - window
+        assert r.bytes_read < window + (100 << 10)
+    assert r.offset == size and recs[-1]["step"] == 500_000
+
+
+def test_a_bounded_look_finds_the_last_start_record_in_its_window(tmp_path):
+    """An attempt that began inside the window is read from its start record, whole; one that
+    began before it is read from the file's head, the middle left out."""
+    path = tmp_path / "metrics.jsonl"
+    with open(path, "w") as f:
+        f.write(json.dumps({"event": "start", "t": 0, "run_id": "a"}) + "\n")
+        f.write("".join(STEP % (i * 10, i) for i in range(1, 40_000)))
+        f.write(json.dumps({"event": "start", "t": 0, "run_id": "b"}) + "\n")
+        f.write("".join(STEP % (i * 10, i) for i in range(1, 5_000)))
+    r = sc.LookReader(str(path), window=1 << 20, catchup=1 << 20, head=32 << 10, tail=64 << 10)
+    recs = list(r.records())
+    assert recs[0].get("run_id") == "b" and r.unseen == 0
+    r = sc.LookReader(str(path), window=100 << 10, catchup=1 << 20, head=32 << 10, tail=64 << 10)
+    recs = list(r.records())
+    assert recs[0].get("run_id") == "a" and r.unseen > 2e6
+
+
+def rchar() -> int:
+    with open("/proc/self/io") as f:
+        return int(next(ln for ln in f if ln.startswith("rchar")).split()[1])
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/io"), reason="Linux /proc/self/io")
+def test_a_cold_check_in_on_a_big_file_reads_its_tail_only(tmp_path):
+    """The issue's file (an eval every 25,000 lines, no start record), 600,000 lines (50 MB) beside
+    a progress-bar train.log: a cold check-in reads at most the window and the log's tail, says
+    what it left out, and shows the best eval as of what it read; the next one resumes and reads
+    only what was appended; a watchdog reads it all, and the check-in after shows the whole best."""
+    run = tmp_path / "run"
+    run.mkdir()
+    issue_file(run / "metrics.jsonl", 600_000)
+    with open(run / "train.log", "w") as f:
+        f.write("100%|##########| 500/500 [00:10<00:00, 48.1it/s] Loading weights\n" * 100_000)
+    size = (run / "metrics.jsonl").stat().st_size
+    from supervise.tools import checkin
+    r0 = rchar()
+    facts = checkin.gather(run, look=assess(run, gpu=NoGpu()))
+    read = rchar() - r0
+    assert read < sc.WINDOW + (2 << 20), read
+    text = checkin.render(facts)
+    assert "no watchdog has read it whole: this look left" in text and " of what was read" in text, text
+    assert f"eval @{6_000_000}: auroc=0.95" in text   # the last eval, from the tail
+    assert facts["unread_mb"] > (size - sc.WINDOW) / 1e6 - 1
+    r0 = rchar()
+    observer, v = look(run)
+    assert observer.scan.note == f"resumed at byte {size}" and rchar() - r0 < 1 << 20
+    observer, v = watch(run)
+    assert observer.reader.unseen == 0 and v.state != "anomaly"
+    facts = checkin.gather(run, look=assess(run, gpu=NoGpu()))
+    assert facts["unread_mb"] is None and facts["best_eval"]["step"] == 6_000_000
+    assert "this look left" not in checkin.render(facts)

@@ -222,6 +222,8 @@ def with_resume(argv: list[str], words: list[str]) -> list[str]:
 def _launch(start: dict, argv: list[str], python: Optional[str]) -> tuple[list[str], str]:
     """(the words before the script's argv, a note): the start record's launcher (torchrun as
     ``python -m torch.distributed.run`` with its arguments), else ``python -u``."""
+    if start.get("whole_command"):   # launch.json's one-word command (a manifest): nothing goes before it
+        return list(argv), ""
     exe = python or start.get("python") or "python"
     exe = exe if isinstance(exe, str) and exe else "python"
     launcher = start.get("launcher")
@@ -243,7 +245,8 @@ def _launch(start: dict, argv: list[str], python: Optional[str]) -> tuple[list[s
 def relaunch_plan(start: dict, verdict: Verdict, run_dir, *, python: Optional[str] = None,
                   checkpoint: Optional[str] = None, first_bad_step: Optional[int] = None,
                   window_s: Optional[float] = None, engine: Optional[str] = None,
-                  options: Optional[list] = None, checkpoint_dirs: Optional[tuple] = None) -> tuple[Optional[str], str]:
+                  options: Optional[list] = None, checkpoint_dirs: Optional[tuple] = None,
+                  launched: Optional[dict] = None) -> tuple[Optional[str], str]:
     """(the relaunch line or None, a note). The line is one physical line the agent runs as is
     (it passes supervise.guard.hook and returns at once): ``cd CWD && PY scripts/launch.py RUN
     --replace [--window W] [--env K=V] -- LAUNCHER ARGV RESUME`` with the change the verdict
@@ -261,7 +264,15 @@ def relaunch_plan(start: dict, verdict: Verdict, run_dir, *, python: Optional[st
     ``checkpoint_dirs``: the folders an observation resolved and chose it in (none is rescanned);
     ``window_s``: the launch's --window, kept for the new attempt; ``engine`` and ``options``: the
     engine and its options of a job the launcher submitted (launch.json's: ``slurm``, sbatch's), kept
-    for its resubmission; else the engine the start record says the attempt ran in."""
+    for its resubmission; else the engine the start record says the attempt ran in. ``launched``:
+    launch.json's record, whose command an engine with ``WORKER_ARGV`` resubmits (its start record
+    is a worker's: Ray's actors run the writer, not the command)."""
+    eng = engines.engine(engine) if engine and engine != engines.LOCAL else (engines.of_start(start) or (None,))[0]
+    if eng is not None and getattr(eng, "WORKER_ARGV", False):
+        start = _launched_command(start, launched)
+        if start is None:
+            return None, (f"the attempt ran in {eng.NAME}'s workers (its start record holds a worker's argv, not the "
+                          f"command) and no launch.json records the command: resubmit it by hand with the resume recipe")
     argv, note = changed_argv(start, verdict.change, run_dir, verdict.kind)
     cwd = start.get("cwd") if isinstance(start, dict) else None
     if argv is None or not isinstance(cwd, str) or not cwd:
@@ -277,7 +288,6 @@ def relaunch_plan(start: dict, verdict: Verdict, run_dir, *, python: Optional[st
     run = Path(os.path.abspath(run_dir))
     opts = ["--replace"] + (["--window", f"{window_s:g}s"] if window_s else [])
     opts += [f"--env={k}={v}" for k, v in (renv or {}).items()]
-    eng = engines.engine(engine) if engine and engine != engines.LOCAL else (engines.of_start(start) or (None,))[0]
     if eng is not None:
         words, why = eng.resubmit(start, options)
         opts += words
@@ -285,6 +295,22 @@ def relaunch_plan(start: dict, verdict: Verdict, run_dir, *, python: Optional[st
     line = f"cd {shlex.quote(cwd)} && " + shlex.join([sys.executable or "python3", str(BUNDLE / "scripts" / "launch.py"),
                                                       str(run), *opts, "--", *launch])
     return line, "; ".join(n for n in notes if n)
+
+
+def _launched_command(start: dict, launched: Optional[dict]) -> Optional[dict]:
+    """``start`` with the launch record's command and folder in place of a worker's argv (``python
+    train.py ...``: the interpreter and the script's argv; another command: its first word as the
+    launcher), None without a recorded command."""
+    argv = list((launched or {}).get("argv") or [])
+    cwd = (launched or {}).get("cwd")
+    if not argv or not all(isinstance(w, str) for w in argv) or not isinstance(cwd, str):
+        return None
+    if PYTHON.match(os.path.basename(argv[0])):
+        rest = argv[2:] if argv[1:2] == ["-u"] else argv[1:]
+        return {**start, "argv": rest, "python": argv[0], "launcher": None, "world_size": None, "cwd": cwd}
+    if len(argv) == 1:
+        return {**start, "argv": argv, "whole_command": True, "world_size": None, "cwd": cwd}
+    return {**start, "argv": argv[1:], "launcher": [argv[0]], "world_size": None, "cwd": cwd}
 
 
 def fresh_folder(run_dir) -> Path:

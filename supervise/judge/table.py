@@ -269,17 +269,43 @@ def rule_stall(obs, th):
     if obs.processes and not obs.alive:
         return None  # gone: dead or crash says so
     age = obs.now - obs.quiet_since
+    fr = obs.frames
+    live = obs.alive
+    fix = (f"The process lives but writes nothing: py-spy dump --pid {live[0].pid} shows where it hangs "
+           "(a dataloader worker, a collective, a lock); kill it and relaunch") if live else ""
+    if frames_hang(obs, th):   # the frames' evidence, before the clock's limit (references/hangs.md)
+        return anomaly("stall", f"main-thread frames unchanged in a wait = {secs(fr.still_for)} >= "
+                       f"{secs(th.hang_window)} ({fr.where}; metrics age {secs(age)}, sampled after "
+                       f"{secs(obs.sample_after)} of silence)", obs.records.last_step, fix)
     if age <= obs.stall_after:
         return None
-    live = obs.alive
+    if fr is not None and fr.complete and fr.samples < 2 and age <= PUSH_OUT * th.max_stall:
+        return None   # one sample (a watchdog that came in a long silence): the next says whether the frames move
+    moved = fr.moved_at if fr is not None and fr.complete and fr.moved_at is not None else None
+    if moved is not None and moved > obs.quiet_since and obs.now - moved <= obs.stall_after \
+            and age <= PUSH_OUT * th.max_stall:
+        return None   # the frames move: it works; the clock counts from their last move
     unseen = f": {obs.visibility}" if obs.visibility else ""
-    where = (f"The process lives but writes nothing: py-spy dump --pid {live[0].pid} shows where it hangs "
-             "(a dataloader worker, a collective, a lock); kill it and relaunch") if live else (
+    where = fix or (
              f"Nothing writes the metrics any more and no process of the run is visible from here{unseen}; "
              "judged by its records, it died or hangs where it runs: check the trainer there (its host, its "
              "container, the scheduler), then kill and relaunch it if it hangs")
-    return anomaly("stall", f"metrics age = {secs(age)} > {secs(obs.stall_after)}{obs.stall_why}",
+    also = f", frames last moved {secs(obs.now - moved)} ago" if moved is not None and moved > obs.quiet_since else ""
+    return anomaly("stall", f"metrics age = {secs(age)} > {secs(obs.stall_after)}{obs.stall_why}{also}",
                    obs.records.last_step, where)
+
+
+PUSH_OUT = 3   # x --max-stall: frames that keep moving without a record hold the clock off at most this long
+
+
+def frames_hang(obs: Observation, th: Thresholds) -> bool:
+    """The samples of this silence show a hang (``Observation.frames``, stacks.FrameFacts): every
+    process of the run here sampled, its main-thread frames the same and it idle for --hang-window,
+    every rank's innermost frame in a wait, none in a checkpoint save (that keeps the clock's
+    slow-save rule)."""
+    fr = obs.frames
+    return (fr is not None and th.hang_window > 0 and fr.complete and fr.waiting and not fr.saving
+            and fr.still_since is not None and fr.still_for >= th.hang_window - 0.01)
 
 
 def rule_no_telemetry(obs, th):
@@ -479,8 +505,10 @@ def _notes(obs: Observation) -> tuple:
         notes.append(f"process not visible here: {obs.visibility}; judged by its records")
     if obs.job_waiting:
         j = obs.job
-        notes.append(f"{j.engine.capitalize()} job {j.job_id} is {j.state}{f' ({j.reason})' if j.reason else ''}: it waits in the "
-                     "queue, and no record is expected until it runs")
+        notes.append(f"{j.engine.capitalize()} job {j.job_id} is {j.state}{f' ({j.reason})' if j.reason else ''}: it waits (queued, "
+                     "scheduling, restarting or held), and no record is expected until it runs")
+    if obs.job is not None and obs.job.note:
+        notes.append(f"{obs.job.engine}: {obs.job.note}")
     if obs.relaunch is not None:
         p = obs.relaunch
         notes.append(f"relaunch pid {p.pid} ({p.why}) has not written its start record yet: "
@@ -545,10 +573,10 @@ def judge(obs: Observation, th: Thresholds) -> Verdict:
         v = _done(obs, notes + ((f"pid {trainer[0].pid} still runs {secs(quiet)} after the sentinel",)
                                 if trainer else ()))
         return Verdict(v.state, v.line, None, v.headline, v.notes, warnings)
-    return Verdict(WATCHING, "", None, _headline(obs), notes, warnings, recheck_in=_stall_due_in(obs))
+    return Verdict(WATCHING, "", None, _headline(obs), notes, warnings, recheck_in=_stall_due_in(obs, th))
 
 
-def _stall_due_in(obs: Observation) -> float:
+def _stall_due_in(obs: Observation, th: Optional[Thresholds] = None) -> float:
     """Seconds until the watchdog must look again: when the silence passes the stall limit, and
     never later than the shortest limit the clock may learn from records written meanwhile (so
     the first learned deadline is met, not a poll later). 0: no stall is coming (a relaunch,
@@ -558,7 +586,16 @@ def _stall_due_in(obs: Observation) -> float:
     if not obs.has_steps:
         return obs.stall_soonest
     left = obs.quiet_since + obs.stall_after - obs.now
-    return min(left + 0.25, obs.stall_soonest) if left > 0 else 0.0
+    due = min(left + 0.25, obs.stall_soonest) if left > 0 else 0.0
+    if obs.sample_after > 0 and obs.alive:   # the watchdog samples the stacks of a silence: its next sample
+        to = obs.quiet_since + obs.sample_after - obs.now
+        fr = obs.frames
+        nxt = to + 0.05 if to > 0 else max(0.05, fr.last + fr.every - obs.now) if fr is not None else 5.0
+        if th is not None and fr is not None and fr.still_since is not None:   # the window's end, not a poll later
+            end = fr.still_since + th.hang_window - obs.now
+            nxt = min(nxt, end + 0.05) if end > 0 else nxt
+        return min(due, nxt) if due > 0 else nxt
+    return due
 
 
 def watchdog_ended(w) -> bool:

@@ -149,6 +149,8 @@ class Observation:
     watchdog: Optional[WatchdogSeen] = None   # the run's watchdog (a one-shot look reads watchdog.json)
     launch: Optional[Mapping] = None # launch.json, typed (state.read_launch), when there is one
     hang: Any = None                 # stacks.Capture: what the watchdog's capture of a hang found (watch.py)
+    sample_after: float = 0.0        # s of silence after which the watchdog samples the stacks (hang evidence); 0: it does not
+    frames: Any = None               # stacks.FrameFacts: what the samples of this silence showed; None before the first
 
     @property
     def alive(self) -> list:

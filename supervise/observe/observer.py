@@ -22,14 +22,14 @@ from typing import Optional
 
 from supervise.observe import engines
 from supervise.observe.checkpoints import CheckpointWatch, checkpoint_dirs, choose_resume, declared_keep
-from supervise.contract import TailReader, is_count, is_finite, read_json, why_unreadable
+from supervise.contract import is_count, is_finite, read_json, why_unreadable
 from supervise.observe.logs import cgroup_dir, kernel_oom_lines, killed_reason, last_error, log_tail, oom_kills, oom_line, root_cause
 from supervise.observe.observation import Observation, Proc, Records, WatchdogSeen, frozen
 from supervise.observe.probes import Nvml, ProcessWatch, born_after, cpu_seconds, disk_free, here, log_writers, process, runs_where, \
     same_process, same_start
 from supervise.observe.ranks import RankFiles, local_pids, rank_where
 from supervise.observe.records import RecordRules
-from supervise.observe.scan import Scan
+from supervise.observe.scan import WINDOW, LookReader, Scan
 from supervise.observe.state import read_launch, where_launched
 from supervise.thresholds import Thresholds
 from supervise.observe.volumes import VolumeWatch, explained_bytes
@@ -57,7 +57,7 @@ class Observer:
                  sentinel: str = SENTINEL, gpu=None, num_labels_given: bool = False, clock=time.time,
                  one_shot: bool = False, job: Optional[tuple] = None, runner=None,
                  notable: bool = True, checkpoint_dirs: tuple = (), watchdog_state=None, keep_scan: bool = True,
-                 from_now: bool = False):
+                 from_now: bool = False, sample_frames: bool = False, native: bool = False):
         self.run_dir = Path(run_dir)
         self.th = thresholds
         self.from_now = from_now         # judge only what is written after this watchdog's start (--from-now)
@@ -65,11 +65,12 @@ class Observer:
         self.log = Path(log) if log else self.run_dir / LOG
         self.sentinel = self.run_dir / sentinel
         self.metrics = self.run_dir / METRICS
-        self.reader = TailReader(str(self.metrics)) if not one_shot else \
-            TailReader(str(self.metrics), notable=notable, head=32 << 10, tail=64 << 10)
+        self.reader = LookReader(str(self.metrics)) if not one_shot else \
+            LookReader(str(self.metrics), window=WINDOW, notable=notable, head=32 << 10, tail=64 << 10)
         self.rules = RecordRules(thresholds, record_rules, num_labels_given)
         # what a scan learned, kept beside watchdog.json (scan.py): the next look reads what was appended
-        self.scan = Scan(self.run_dir, self.metrics, thresholds, record_rules, num_labels_given) if keep_scan else None
+        self.scan = Scan(self.run_dir, self.metrics, thresholds, record_rules, num_labels_given,
+                         partial=one_shot) if keep_scan else None
         self.gpu = gpu
         self.clock = clock
         self.one_shot = one_shot
@@ -98,6 +99,12 @@ class Observer:
         self._ckpt: tuple = (None, None)      # (dirs and run_id, CheckpointWatch or None)
         self.volumes = VolumeWatch(one_shot=one_shot)   # the free space of every volume the run writes to
         self._log_elsewhere = os.path.dirname(os.path.realpath(self.log)) != os.path.realpath(self.run_dir)
+        # the hang evidence: a silent run's stacks sampled every poll (stacks.FrameWatch); the watchdog's only
+        self.frame_watch = None
+        if sample_frames and thresholds.hang_window > 0 and not one_shot:
+            from supervise.observe.stacks import FrameWatch
+            self.frame_watch = FrameWatch(self.run_dir, every=thresholds.poll, native=native, clock=clock,
+                                          window=thresholds.hang_window)
 
     @property
     def run(self):
@@ -466,7 +473,12 @@ class Observer:
             volume_free=disk_free(str(self.run_dir)), volumes=volumes, last_error=(oom_line(lines) or last_error(lines)) if lines else None,
             blind=self.reader.error or why_unreadable(self.log), hold_for=hold,
             time_limit=limit, time_limit_why=limit_why, failed_launches=failed, stopped=stopped,
-            watchdog=self._watchdog(start, launch), launch=frozen(launch) if launch else None)
+            watchdog=self._watchdog(start, launch), launch=frozen(launch) if launch else None,
+            sample_after=self.run.stall.sample_after() if self.frame_watch is not None else 0.0)
+        if self.frame_watch is not None:
+            facts = self.frame_watch.look(obs, obs.sample_after)
+            if facts is not None:
+                obs = dataclasses.replace(obs, frames=facts)
         self.last = obs
         if self.scan is not None:
             self.scan.keep(self.reader, self.rules, now, force=self.one_shot)

@@ -39,6 +39,10 @@ def chance(n: Optional[int]) -> Optional[float]:
 
 # ---------------------------------------------------------------------------------------------
 # The current run: facts derived once, shared by the record rules
+SAMPLE_FACTOR = 1.0   # x the median step gap: the silence after which the stacks are sampled (a hang's evidence)
+SAMPLE_MIN = 10.0     # s: never sooner (a fast rhythm's ordinary jitter is no reason to look)
+
+
 class StallClock:
     """The learned stall, in one place (like NVRx's TimeoutsCalc): fed every record's time in
     order, it answers what silence is a stall now, and why. Until the run has shown its rhythm
@@ -67,6 +71,7 @@ class StallClock:
         self._evals: deque = deque(maxlen=3)    # (step, t) of the last three eval records
         self.steps = self.evals = 0
         self.held: Optional[tuple] = None       # (quiet_since, why): a silence shown to be a save
+        self._intervals: deque = deque(maxlen=16)   # s between consecutive step records, the latest
 
     @property
     def longest_gap(self) -> float:
@@ -84,6 +89,7 @@ class StallClock:
                     self.step_gap = max(self.step_gap, gap)
                     if kind == "step" and self._last_kind == "step":
                         self._interval = gap
+                        self._intervals.append(gap)
             self._last_t, self._last_kind = t, kind
         if kind == "step" and isinstance(step, int):
             if self._last_step is not None and step > self._last_step:
@@ -122,6 +128,14 @@ class StallClock:
         if th.stall_factor <= 0:
             return th.max_stall
         return min(th.max_stall, max(th.min_stall, th.stall_factor * self.step_gap))
+
+    def sample_after(self) -> float:
+        """The silence after which the watchdog samples the run's stacks for hang evidence
+        (stacks.FrameWatch): SAMPLE_FACTOR x the median of the latest 16 gaps between consecutive
+        step records, never under SAMPLE_MIN (10 s); SAMPLE_MIN before two step records."""
+        if not self._intervals:
+            return SAMPLE_MIN
+        return max(SAMPLE_MIN, SAMPLE_FACTOR * median(self._intervals))
 
     def hold(self, quiet_since: float, why: str) -> None:
         """The silence that began at ``quiet_since`` (wall clock) is a save the stacks showed (``why``)."""

@@ -22,11 +22,18 @@ and the same 4 KiB before the offset: neither truncated nor replaced, nor rewrit
 and every restored attribute has the type a fresh fold gives it. Writes are atomic (a temporary
 file, then a rename), so two looks at once leave one whole file or the other. Standard library
 only: this is on the hot path.
+
+A one-shot look (check-in) reads only the tail of a big file (``LookReader``: the head, the
+notable lines of the last WINDOW bytes, the tail; issue 35) and keeps what it folded with the
+count of bytes it left unread (``reader.unseen``): the next check-in takes that up and says so;
+a watchdog never does (``partial`` False: a NaN there would be lost), it reads every notable line
+once and keeps a whole scan, which every later look takes up.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import mmap
 import os
 import zlib
 from collections import deque
@@ -34,7 +41,8 @@ from pathlib import Path
 from typing import Optional
 
 from supervise import __version__
-from supervise.contract import atomic_write_json, is_number, open_regular
+from supervise.contract import _NOTABLE, TailReader, _notable_lines, atomic_write_json, is_number, kind_of, open_regular, \
+    parse_line
 from supervise.observe.records import RecordRules
 from supervise.thresholds import Thresholds
 from supervise.vocabulary import SCAN_STATE, Anomaly
@@ -46,6 +54,9 @@ BEFORE = 4096             # bytes before the offset compared (crc32)
 LIMIT = 4 << 20           # a larger scan file is not read
 SAVE_EVERY = 5.0          # s: a watchdog keeps its scan at most this often (a one-shot look: each look)
 CPU_SPAN = (0.5, 6 * 3600.0)  # s between two CPU readings for a CPU % between looks
+WINDOW = 32 << 20          # bytes: what a one-shot look (check-in) skims before the tail, at most
+
+
 class Foreign(ValueError):
     """The scan file is not one this code can take up (corrupt, another format or another fold)."""
 
@@ -194,6 +205,118 @@ def _crc_before(f, offset: int) -> int:
     return zlib.crc32(f.read(offset - lo))
 
 
+# ---------------------------------------------------------------------------- the reader
+# One byte of each notable token (contract._NOTABLE: NaN, Infinity, null, FATAL, "eval_, "event"):
+# a line without any of these bytes holds no notable token. Each is searched with bytes.find of
+# one byte (memchr: several GB/s), so a file with an eval every 25,000 lines costs five passes,
+# not six substring searches of every chunk that holds one eval.
+_MARKS = (b"N", b"I", b"u", b"F", b"v")
+_DENSE = 1024              # hits of one mark in a chunk past which the chunk is searched token by token
+
+
+def notable_lines(data: bytes) -> list:
+    """(start, end) of every line in ``data`` holding a notable token, in file order: what
+    contract._notable_lines returns, found through one byte of each token."""
+    hits = set()
+    for mark in _MARKS:
+        i, n = data.find(mark), 0
+        while i >= 0:
+            n += 1
+            if n > _DENSE:   # the mark is in most lines (a key with a u): the token searches are cheaper
+                return _notable_lines(data)
+            lo = data.rfind(b"\n", 0, i) + 1
+            hi = data.find(b"\n", i)
+            hi = len(data) if hi < 0 else hi + 1
+            line = data[lo:hi]
+            if any(token in line for token in _NOTABLE):
+                hits.add((lo, hi))
+            i = data.find(mark, hi)
+    return sorted(hits)
+
+
+class LookReader(TailReader):
+    """The tail reader with a cheaper skim (``notable_lines``) and, for a one-shot look
+    (check-in: ``window`` set), a bounded one: of a file larger than ``catchup`` with no kept
+    scan, it reads the head of the current attempt (from the last start record in the last
+    ``window`` + ``tail`` bytes, else from the file's first byte), the notable lines of at most
+    ``window`` bytes before the tail, and the tail in full; a resumed look skims at most
+    ``window`` bytes of what was appended since. What it passes over is counted in ``unseen``
+    and ``unseen_bytes`` (this look's): the look says so, and a watchdog never takes up a scan
+    it keeps (a NaN there would be lost). ``window`` None: every notable line (the watchdog)."""
+
+    def __init__(self, path: str, window: Optional[int] = None, **kw):
+        super().__init__(path, **kw)
+        self.window = window
+        self.unseen_bytes = 0      # bytes this reader passed over unread (``unseen`` adds a kept scan's)
+
+    def _last_start(self, f, end: int) -> int:
+        """The last start record's offset, searched (backward, over a memory map: no copy) in the
+        last ``window`` + ``tail`` bytes only; 0 (the file's head) when none is there."""
+        if self.window is None:
+            return super()._last_start(f, end)
+        lo = max(0, end - self.window - self.tail)
+        try:
+            data = mmap.mmap(f.fileno(), end, access=mmap.ACCESS_READ)
+        except (OSError, ValueError):
+            return 0
+        with data:
+            i = end
+            while True:
+                i = data.rfind(b'"start"', lo, i)
+                if i < 0:
+                    return 0   # none in the window: the file's head (the middle is unseen)
+                a = data.rfind(b"\n", 0, i) + 1
+                b = data.find(b"\n", i)
+                b = end if b < 0 else b
+                if b - a <= self.max_line:
+                    try:
+                        if kind_of(parse_line(data[a:b])) == "start":
+                            return a
+                    except ValueError:
+                        pass
+
+    def _pass_over(self, f, pos: int, to: int) -> int:
+        """Leave the bytes from ``pos`` to the first line boundary at or after ``to`` unread."""
+        f.seek(to - 1)
+        nl = f.read(self.max_line + 1).find(b"\n")
+        new = to - 1 + nl + 1 if nl >= 0 else to
+        self.skipped_bytes += new - pos
+        self.unseen += new - pos
+        self.unseen_bytes += new - pos
+        return new
+
+    def _catch_up(self, f, end: int, begin: Optional[int] = None):
+        resumed = begin is not None
+        if begin is None:
+            begin = self._last_start(f, end)
+        tail_from = max(begin, end - self.tail)
+        head_to = min(tail_from, begin + self.head) if not resumed else begin
+        f.seek(begin)
+        data = f.read(head_to - begin)
+        cut = data.rfind(b"\n") + 1
+        self.bytes_read += cut
+        yield from self._split(data[:cut])
+        pos = begin + cut
+        if not self.notable:  # head and tail only, from a line boundary
+            self.offset = self._pass_over(f, pos, tail_from) if tail_from > pos else pos
+            return
+        if self.window is not None and tail_from - self.window > pos:
+            pos = self._pass_over(f, pos, tail_from - self.window)
+        while pos < tail_from:  # the middle: only the notable lines
+            f.seek(pos)
+            data = f.read(min(self.chunk, tail_from - pos))
+            cut = data.rfind(b"\n") + 1
+            if cut == 0:
+                break
+            data = data[:cut]
+            for lo, hi in notable_lines(data):
+                yield from self._split(data[lo:hi])
+            self.bytes_read += cut
+            self.skipped_bytes += cut
+            pos += cut
+        self.offset = pos  # a line boundary: records() reads the tail from here, every line
+
+
 # ---------------------------------------------------------------------------- the file
 class Scan:
     """The scan file of one run folder, for one fold (its rule classes, thresholds and
@@ -201,13 +324,14 @@ class Scan:
     'resumed at byte N' or 'ignored: <why>'."""
 
     def __init__(self, run_dir, metrics, thresholds: Thresholds, classes, num_labels_given: bool = False,
-                 every: float = SAVE_EVERY):
+                 every: float = SAVE_EVERY, partial: bool = False):
         self.path = Path(run_dir) / SCAN_STATE
         self.metrics = str(metrics)
         self.fold = {"code": _code(), "rules": [c.__name__ for c in classes],
                      "thresholds": json.loads(json.dumps(folded_thresholds(thresholds))),
                      "num_labels_given": bool(num_labels_given)}
         self.every = every
+        self.partial = partial              # a one-shot look: it may keep, and take up, a fold with unseen bytes
         self.note = ""
         self.cpu: Optional[dict] = None     # the last CPU reading kept: {pid, create_time, cpu_s, at}
         self.saved_at: Optional[float] = None
@@ -287,6 +411,12 @@ class Scan:
                 raise Foreign("the reader's counts are not counts")
             if not isinstance(r.get("last_bad", ""), str) or not isinstance(r.get("dropping", False), bool):
                 raise Foreign("the reader's state is not a reader's")
+            unseen = r.get("unseen", 0)
+            if not (isinstance(unseen, int) and not isinstance(unseen, bool) and unseen >= 0):
+                raise Foreign("the reader's unseen bytes are not a count")
+            if unseen and not self.partial:
+                raise Foreign(f"a one-shot look kept it without reading {unseen} bytes of the middle (a NaN there "
+                              "would be lost)")
         except Foreign as e:
             self.note = f"ignored: {e}"
             return self.note
@@ -294,6 +424,7 @@ class Scan:
         reader.resume(offset=r["offset"], ident=(obj["file"]["dev"], obj["file"]["ino"]), head=obj["head"],
                       lines=counts[0], bad_lines=counts[1], resets=counts[2], last_bad=r.get("last_bad", ""),
                       dropping=r.get("dropping", False))
+        reader.unseen = unseen
         cpu = obj.get("cpu")
         self.cpu = cpu if isinstance(cpu, dict) and all(is_number(cpu.get(k)) for k in (
             "pid", "create_time", "cpu_s", "at")) else None
@@ -303,10 +434,12 @@ class Scan:
 
     def keep(self, reader, rules: RecordRules, now: float, force: bool = True) -> bool:
         """Write what the reader and rules hold now (atomically); True when written. Nothing is
-        kept when the reader left bytes unlooked-at (a one-shot look's head and tail only: a
-        NaN there is unseen), nor when nothing changed, nor (``force`` False) within ``every``
-        seconds of the last write. A folder that cannot be written is said once in ``error``."""
-        if reader.unseen or reader.error or reader._ident is None:
+        kept when the reader left bytes unlooked-at (a one-shot look's bounded read: a NaN there
+        is unseen) unless ``partial`` (the count is kept: a watchdog never takes such a scan up,
+        a one-shot look takes it up with its count), nor when nothing changed, nor (``force``
+        False) within ``every`` seconds of the last write. A folder that cannot be written is
+        said once in ``error``."""
+        if (reader.unseen and not self.partial) or reader.error or reader._ident is None:
             return False
         offset = reader.offset - len(reader._buf)
         if not force and self.saved_at is not None and now - self.saved_at < self.every:
@@ -330,7 +463,8 @@ class Scan:
         obj = {"kind": KIND, "format": FORMAT, "fold": self.fold, "crc": zlib.crc32(text.encode()),
                "file": {"dev": st.st_dev, "ino": st.st_ino, "head": head.hex(), "before": before},
                "reader": {"offset": offset, "dropping": reader._dropping, "lines": reader.lines,
-                          "bad_lines": reader.bad_lines, "resets": reader.resets, "last_bad": reader.last_bad},
+                          "bad_lines": reader.bad_lines, "resets": reader.resets, "last_bad": reader.last_bad,
+                          "unseen": reader.unseen},
                "cpu": self.cpu, "state": state}
         try:
             atomic_write_json(self.path, obj, indent=None)

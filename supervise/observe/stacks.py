@@ -516,7 +516,6 @@ def capture(run_dir, found: list, *, native: bool = False, budget: float = BUDGE
     whose in-process dump did not come within IN_PROCESS_WAIT. ``py_spy``: its path, None for
     none, "find" for ``find_py_spy()``. Never raises on a process that ends meanwhile."""
     t0, start = clock(), time.monotonic()
-    end = start + budget
     folder = Path(run_dir) / STACKS
     try:
         folder.mkdir(exist_ok=True)
@@ -525,8 +524,65 @@ def capture(run_dir, found: list, *, native: bool = False, budget: float = BUDGE
     if not found:
         return Capture(t0, str(folder), (), 0.0, "no live Python process of the run is visible from here")
     stamp = _stamp(t0)
-    live = folder / LIVE
     spy = find_py_spy() if py_spy == "find" else py_spy
+    results, errors = _collect(folder / LIVE, found, native, budget, spy)
+    procs = []
+    for t in found:
+        how, text, threads = results.get(t.pid, ("", "", None))
+        if not how and errors.get(t.pid) == "it ended during the capture":
+            continue
+        frames, n, err = _frames_of(t, how, text, threads, errors, spy)
+        path = folder / _file_name(stamp, t)
+        what = {"rank": f"rank {t.rank}", "worker": f"worker of pid {t.parent}"}.get(t.role, "process")
+        if t.role == "worker" and t.rank is not None:
+            what += f" (rank {t.rank})"
+        head = f"# pid {t.pid}, {what}, {how or 'no stack'}, {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(t0))}\n"
+        try:
+            path.write_text(head + (text[-MAX_BYTES:] if how else f"# {err}\n"))
+            saved = str(path)
+        except OSError:
+            saved = ""
+        procs.append(ProcStack(t.pid, t.rank, t.role, t.parent, how, saved, frames, n, err))
+    return Capture(t0, str(folder), tuple(procs), time.monotonic() - start)
+
+
+def sample(run_dir, found: list, *, native: bool = False, budget: float = BUDGET,
+           py_spy: Optional[str] = "find") -> dict:
+    """The stacks of the ``found`` targets the way ``capture`` takes them, but kept in memory, no
+    file written (the hang evidence sampled every poll of a silence: ``FrameWatch``): pid ->
+    ProcStack (``error`` says why one has no frames). A process that ended meanwhile is left out."""
+    spy = find_py_spy() if py_spy == "find" else py_spy
+    if not found:
+        return {}
+    results, errors = _collect(Path(run_dir) / STACKS / LIVE, found, native, budget, spy)
+    out = {}
+    for t in found:
+        how, text, threads = results.get(t.pid, ("", "", None))
+        if not how and errors.get(t.pid) == "it ended during the capture":
+            continue
+        frames, n, err = _frames_of(t, how, text, threads, errors, spy)
+        out[t.pid] = ProcStack(t.pid, t.rank, t.role, t.parent, how, "", frames, n, err)
+    return out
+
+
+def _frames_of(t: Target, how: str, text: str, threads, errors: dict, spy) -> tuple:
+    """(main-thread frames, thread count, why there are none) of one process's dump."""
+    if how == "faulthandler":
+        threads = parse_faulthandler(text)
+    frames, n = main_frames(threads or [])
+    err = ""
+    if not frames:
+        err = errors.get(t.pid) or ("its dump held no Python frame" if how else "no stack")
+        if not how and spy is None:
+            err = NO_PY_SPY if err.startswith("no in-process handler") else f"{err}; {NO_PY_SPY}"
+    return frames, n, err
+
+
+def _collect(live: Path, found: list, native: bool, budget: float, spy: Optional[str]) -> tuple:
+    """(pid -> (how, text, threads or None), pid -> why there is none): every target's dump within
+    ``budget`` s, in-process where it registered a handler, else (or late) by py-spy."""
+    start = time.monotonic()
+    end = start + budget
     by_pid = {t.pid: t for t in found}
     waiting: dict = {}     # pid -> (live path, offset)
     errors: dict = {}      # pid -> why there is no stack
@@ -579,31 +635,7 @@ def capture(run_dir, found: list, *, native: bool = False, budget: float = BUDGE
         for p, (section, threads) in parse_py_spy(out).items():
             if p in by_pid and p not in results:
                 results[p] = ("py-spy", section, threads)
-    procs = []
-    for t in found:
-        how, text, threads = results.get(t.pid, ("", "", None))
-        if not how and errors.get(t.pid) == "it ended during the capture":
-            continue
-        if how == "faulthandler":
-            threads = parse_faulthandler(text)
-        frames, n = main_frames(threads or [])
-        err = ""
-        if not frames:
-            err = errors.get(t.pid) or ("its dump held no Python frame" if how else "no stack")
-            if not how and spy is None:
-                err = NO_PY_SPY if err.startswith("no in-process handler") else f"{err}; {NO_PY_SPY}"
-        path = folder / _file_name(stamp, t)
-        what = {"rank": f"rank {t.rank}", "worker": f"worker of pid {t.parent}"}.get(t.role, "process")
-        if t.role == "worker" and t.rank is not None:
-            what += f" (rank {t.rank})"
-        head = f"# pid {t.pid}, {what}, {how or 'no stack'}, {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(t0))}\n"
-        try:
-            path.write_text(head + (text[-MAX_BYTES:] if how else f"# {err}\n"))
-            saved = str(path)
-        except OSError:
-            saved = ""
-        procs.append(ProcStack(t.pid, t.rank, t.role, t.parent, how, saved, frames, n, err))
-    return Capture(t0, str(folder), tuple(procs), time.monotonic() - start)
+    return results, errors
 
 
 def _start_py_spy(spy: Optional[str], pids: list, by_pid: dict, native: bool, errors: dict) -> dict:
@@ -666,6 +698,168 @@ def _read_from(path: str, offset: int) -> str:
         return ""
 
 
+# ---------------------------------------------------------------------------- the hang evidence
+# A silent run is sampled (``sample``: no file written) every poll, at most SAMPLE_EVERY apart, once
+# its silence passes StallClock.sample_after() (max(the median step gap, 10 s)). It is hung when every
+# process's main-thread frames stayed the same across samples spanning --hang-window (20 s) while it
+# stayed idle (under BUSY of a core between samples; a rank waiting in a torch.distributed collective
+# may spin), and every rank's (or process's) innermost frame is a wait: a WAITS function of the
+# standard library, a collective, a DataLoader fetch, or a main thread asleep (under IDLE of a core:
+# a lock, a sleep, a read, a C call that blocks). Frames that change push the clock's limit out.
+SAMPLE_EVERY = 5.0                # s: at most between two samples of a silence (the poll, when shorter; >= 1 s)
+BUSY = 0.25                       # of one core between two samples: the process works (another thread, a C call)
+IDLE = 0.05                       # of one core over the span: the main thread is asleep in a blocking call
+WAITS = {"wait", "wait_for", "_wait_for_tstate_lock", "join", "acquire", "get", "select", "poll", "_poll",
+         "recv", "recv_into", "recvfrom", "recv_bytes", "_recv", "_recv_bytes", "accept", "readinto", "readline",
+         "_try_wait", "communicate", "result", "sleep", "_worker", "_get_data", "_try_get_data", "_next_data",
+         "__next__", "_store_based_barrier", "wait_for_workers", "_bootstrap_inner"}
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def cpu_seconds(pid: int, tid: Optional[int] = None) -> Optional[float]:
+    """CPU seconds (user + system) of process ``pid`` (all threads), or of its thread ``tid``."""
+    path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
+    try:
+        with open(path, "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _TICK
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def in_wait(frames: tuple, ranks: int = 1) -> bool:
+    """The innermost frame is a blocking wait of a library (WAITS), a torch.distributed
+    collective, or a DataLoader fetch (the frames alone; a C call's sleep is read from the CPU)."""
+    if not frames:
+        return False
+    f = frames[0]
+    return (not f.user and (f.name in WAITS or f.name in DATALOADER_WAITS)) or collective(frames)
+
+
+def collective(frames: tuple) -> bool:
+    """One of the innermost three frames is a torch.distributed collective (its wait may spin)."""
+    return any(not f.user and f.name in COLLECTIVES and "distributed" in f.file for f in frames[:3])
+
+
+@dataclass(frozen=True)
+class FrameFacts:
+    """The hang evidence of one poll, frozen (``Observation.frames``): what the samples of the
+    current silence showed. Wall-clock times; the judge compares them, it reads nothing."""
+
+    every: float                     # s between samples
+    first: Optional[float] = None    # the silence's first sample
+    last: Optional[float] = None     # the latest sample
+    samples: int = 0
+    complete: bool = False           # every process of the run visible here was sampled, and no rank runs elsewhere
+    why_not: str = ""                # why the evidence is incomplete
+    still_since: Optional[float] = None   # every process's frames the same, and it idle, since this sample
+    waiting: bool = False            # every rank's (process's) innermost frame is a wait, or its main thread sleeps
+    saving: bool = False             # a rank (process) is inside a checkpoint save
+    moved_at: Optional[float] = None # the latest sample at which a process's frames changed (after the first)
+    where: str = ""                  # the innermost frames, one phrase ('pid 4242 in get (queue.py:171)')
+
+    @property
+    def still_for(self) -> float:
+        """s the frames have stayed the same (sample to sample), 0 when they have not."""
+        return self.last - self.still_since if self.still_since is not None and self.last is not None else 0.0
+
+    def to_json(self) -> dict:
+        return {"first": self.first, "last": self.last, "samples": self.samples, "complete": self.complete,
+                "why_not": self.why_not, "still_for": round(self.still_for, 3), "waiting": self.waiting,
+                "saving": self.saving, "moved_at": self.moved_at, "where": self.where}
+
+
+class FrameWatch:
+    """The observer's sampler of a silence (observe, then judge): ``look(obs, after)`` samples
+    every process of the run (``targets``) once the silence passes ``after`` s, at most every
+    ``every`` s, and folds what the samples showed into ``FrameFacts``. A new record (another
+    ``quiet_since``) starts afresh. Standard library only; one ``py-spy dump`` or one
+    faulthandler signal per process and sample."""
+
+    def __init__(self, run_dir, every: float = SAMPLE_EVERY, native: bool = False, py_spy: Optional[str] = "find",
+                 clock=time.time, window: float = 20.0):
+        self.run_dir, self.every, self.native, self.clock = Path(run_dir), max(1.0, min(every, SAMPLE_EVERY)), native, clock
+        self.window = window             # s: --hang-window (a sample is taken when it ends, whatever the interval)
+        self.py_spy = find_py_spy() if py_spy == "find" else py_spy
+        self.reset(None)
+
+    def reset(self, quiet) -> None:
+        self.quiet = quiet
+        self.procs: dict = {}            # pid -> [key, since, cpu at since, main cpu at since, last t, last cpu, stack]
+        self.facts: Optional[FrameFacts] = None
+        self.first: Optional[float] = None
+        self.moved_at: Optional[float] = None
+        self.samples = 0
+
+    def look(self, obs, after: float) -> Optional[FrameFacts]:
+        """The facts of this poll, or None while the run is not silent past ``after`` s (or
+        nothing of it lives here)."""
+        if obs.quiet_since is None or not obs.alive or obs.relaunch is not None or obs.job_waiting:
+            self.reset(None)
+            return None
+        if obs.quiet_since != self.quiet:
+            self.reset(obs.quiet_since)
+        if obs.now - obs.quiet_since < after:
+            return None
+        f = self.facts
+        if f is not None and obs.now - f.last < 0.8 * self.every and not (
+                f.still_since is not None and obs.now >= f.still_since + self.window):
+            return f
+        now = obs.now
+        self.first = self.first if self.first is not None else now
+        self.samples += 1
+        if obs.rank_where:
+            self.facts = FrameFacts(self.every, self.first, now, self.samples, False,
+                                    f"rank {ranks_text(sorted(obs.rank_where))} runs where it cannot be sampled")
+            return self.facts
+        found = targets(obs)
+        ranked = any(t.role == "rank" for t in found)
+        found = [t for t in found if t.role != "process" or not ranked]   # torchrun's agent: not a rank's evidence
+        stacks = sample(self.run_dir, found, native=self.native, budget=2.0, py_spy=self.py_spy)
+        t_now = self.clock()
+        missing = [p for p in stacks.values() if not p.frames]
+        if not stacks or missing:
+            why = f"pid {missing[0].pid}: {missing[0].error}" if missing else "no live Python process of the run is visible from here"
+            self.facts = FrameFacts(self.every, self.first, now, self.samples, False, why)
+            return self.facts
+        n = sum(p.role == "rank" for p in stacks.values())
+        for pid in list(self.procs):
+            if pid not in stacks:
+                del self.procs[pid]
+        for pid, ps in stacks.items():
+            key = tuple((f.func, f.file, f.line) for f in ps.frames)
+            cpu, main = cpu_seconds(pid), cpu_seconds(pid, pid)
+            was = self.procs.get(pid)
+            if was is None or was[0] != key:
+                if was is not None:
+                    self.moved_at = now
+                self.procs[pid] = [key, now, cpu, main, t_now, cpu, ps]
+                continue
+            span = t_now - was[4]
+            busy = cpu is not None and was[5] is not None and span > 0 and (cpu - was[5]) / span >= BUSY
+            if busy and not collective(ps.frames):
+                was[1:4] = [now, cpu, main]   # it works: its stillness begins again
+            was[4:7] = [t_now, cpu, ps]
+        heads = [v for v in self.procs.values() if v[6].role in ("rank", "process")] or list(self.procs.values())
+        waiting = all(in_wait(v[6].frames, n) or _asleep(v, self.every) for v in heads)
+        saving = any(v[6].state(n)[0] == "save" for v in heads)
+        still = max(v[1] for v in self.procs.values())
+        where = "; ".join(f"{_label([v[6]], n > 1)} in {v[6].frames[0].name} ({v[6].frames[0].short})"
+                          for v in sorted(heads, key=lambda v: (v[6].rank or 0, v[6].pid)))
+        self.facts = FrameFacts(self.every, self.first, now, self.samples, True, "", still, waiting, saving,
+                                self.moved_at, where[:MAX_WHERE])
+        return self.facts
+
+
+def _asleep(v: list, every: float) -> bool:
+    """The main thread used under IDLE of a core since its frames last changed (a span of at
+    least one sample interval)."""
+    key, since, cpu0, main0, last, cpu, ps = v
+    main = cpu_seconds(ps.pid, ps.pid)
+    span = last - since
+    return main is not None and main0 is not None and span >= min(every, 1.0) and (main - main0) / span < IDLE
+
+
 # ---------------------------------------------------------------------------- the line
 def hang_fix(found: Optional[Capture], fallback: str, then: str = "") -> str:
     """The fix of a hang's anomaly line: where every process sits and the stacks folder when a
@@ -701,6 +895,6 @@ def cuda_machine(env: Optional[dict] = None) -> bool:
         return False
 
 
-__all__ = ["Capture", "Frame", "ProcStack", "Target", "capture", "targets", "hang_fix", "why_refused",
+__all__ = ["Capture", "Frame", "FrameFacts", "FrameWatch", "ProcStack", "Target", "capture", "sample", "targets", "hang_fix", "why_refused",
            "find_py_spy", "parse_faulthandler", "parse_py_spy", "registration", "flight_recorder_env",
            "cuda_machine", "STACKS", "BUDGET"]

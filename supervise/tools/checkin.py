@@ -18,6 +18,7 @@ from supervise.contract import atomic_write_text, is_number
 from supervise.judge.assess import assess
 from supervise.judge.table import watchdog_ended
 from supervise.observe.ranks import rank_lines
+from supervise.observe.scan import WINDOW
 from supervise.act.recovery import fresh_plan, moved_flags, relaunch_plan, stop_line, watchdog_line
 from supervise.observe.state import launch_alive, typed_launch
 from supervise.observe.volumes import room_line
@@ -147,8 +148,9 @@ def _next(run_dir: Path, obs, verdict, th) -> tuple[list, list]:
                                checkpoint=str(obs.resume.path) if obs.resume is not None else None,
                                first_bad_step=bad.step if bad is not None else None,
                                window_s=(obs.launch or {}).get("window_s"),
-                               engine=(obs.launch or {}).get("engine"), options=(obs.launch or {}).get("options"),
-                               checkpoint_dirs=obs.checkpoint_dirs)
+                               engine=(obs.launch or {}).get("engine") or (obs.job.engine if obs.job else None),
+                               options=(obs.launch or {}).get("options"), checkpoint_dirs=obs.checkpoint_dirs,
+                               launched=obs.launch)
     if line is None:
         return [f"no relaunch line: {note}; {see}"], []
     said = [n for n in note.split("; ") if n and not n.startswith("resumes from ")]  # the resume line says that
@@ -201,7 +203,8 @@ def gather(run_dir: Path, k: int = 5, now: Optional[float] = None, gpu=None, loo
         "metrics_age_s": now - obs.metrics_mtime if obs.metrics_mtime is not None else None,
         "watchdog_message": verdict.line if verdict.state == ANOMALY else None,
         "fatal": (rec.fatal or {}).get("FATAL"),
-        "notes": list(verdict.notes),
+        "notes": list(verdict.notes) + _unread(observer, wd),
+        "unread_mb": observer.reader.unseen / 1e6 if observer.reader.unseen else None,
         "warnings": [a.message for a in verdict.warnings],
         "run_id": (start or {}).get("run_id"), "attempt": (start or {}).get("attempt"),
         "step": rec.last_step, "total_steps": (start or {}).get("total_steps"),
@@ -233,6 +236,21 @@ def gather(run_dir: Path, k: int = 5, now: Optional[float] = None, gpu=None, loo
         "last_error": obs.last_error,
         "stacks": _stacks(wd.stacks if wd is not None and verdict.state == ANOMALY else None),
     }
+
+
+def _unread(observer, wd) -> list:
+    """The note of a look that did not read the whole file (scan.LookReader's bounded read of a
+    big file no watchdog has followed and no scan covers): what was left out and what reads it."""
+    reader = observer.reader
+    if not reader.unseen:
+        return []
+    mb = f"{reader.unseen / 1e6:.0f} MB of {reader.offset / 1e6:.0f} MB"
+    if wd is not None and wd.alive:
+        return [f"this look read the head and tail of {METRICS} ({mb} left out): the live watchdog reads every "
+                "record and judges them; the best eval shown is of what was read"]
+    return [f"{METRICS} is long and no watchdog has read it whole: this look left {mb} out (between its head and its "
+            f"last {WINDOW >> 20} MiB), so a NaN, FATAL or eval there is not shown and the best eval is of what was "
+            "read; a watchdog (next: line) reads it all once and keeps the scan for the next check-ins"]
 
 
 def _stacks(found) -> Optional[str]:
@@ -291,6 +309,7 @@ def render(f: dict, limit: int = LIMIT) -> str:
         metrics = " ".join(f"{kk[5:]}={_num(v)}" for kk, v in list(e.items()) if kk.startswith("eval_"))[:200]
         body.append(f"eval @{e.get('step')}: {metrics}"
                     + (f"; best auroc={_num(b.get('eval_auroc'))} @{b.get('step')}" if b else "")
+                    + (" of what was read" if b and f.get("unread_mb") else "")
                     + ("; auroc trend " + " ".join(_num(x, 3) for x in f["auroc_trend"]) if f["auroc_trend"] else ""))
     body += f.get("ranks") or []
     if f.get("job"):

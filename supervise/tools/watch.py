@@ -42,7 +42,7 @@ class Watchdog:
 
     def __init__(self, run_dir, thresholds: Thresholds = Thresholds(), stacks: bool = True, native: bool = False,
                  **observer):
-        self.observer = Observer(run_dir, thresholds, RECORD_RULES, **observer)
+        self.observer = Observer(run_dir, thresholds, RECORD_RULES, sample_frames=stacks, native=native, **observer)
         self.stacks, self.native = stacks, native   # capture a hang's stacks (py-spy --native when native)
         self.capture: Optional[st.Capture] = None
         self.th = thresholds
@@ -66,8 +66,9 @@ class Watchdog:
                 clock = self.observer.run.stall
                 clock.hold(obs.quiet_since, "the stacks showed a checkpoint save")
                 after, why = clock.limit(obs.quiet_since)
-                if after > obs.stall_after:
-                    obs = dataclasses.replace(obs, stall_after=after, stall_why=why)
+                if after > obs.stall_after or obs.frames is not None:   # a save keeps the clock's slow-save rule
+                    obs = dataclasses.replace(obs, stall_after=max(after, obs.stall_after),
+                                              stall_why=why if after > obs.stall_after else obs.stall_why, frames=None)
                     self.verdict = judge(obs, self.th)
             if self.verdict.state == ANOMALY:
                 self.capture = found

@@ -38,6 +38,8 @@ from typing import Optional
 ENGINES = {
     "local": "supervise.observe.engines.local",
     "slurm": "supervise.observe.engines.slurm",
+    "k8s": "supervise.observe.engines.k8s",
+    "ray": "supervise.observe.engines.ray",
 }
 LOCAL = "local"
 
@@ -63,7 +65,9 @@ class Job:
     asked; shown, never a verdict). ``state`` and ``reason`` are the engine's own words
     (``PENDING`` / ``Resources``). The observer adds its clocks: ``waiting_since``, when it first
     saw the job wait this time; ``running_since``, when it first saw it run (kept through an
-    unknown reading; a wait or another job starts it over)."""
+    unknown reading; a wait or another job starts it over). ``note``: what the engine says that
+    is worth a line but no verdict (a restart within the run's failure budget, with its count and
+    the failed worker's node); the judge's notes show it."""
 
     engine: str
     job_id: str
@@ -75,6 +79,7 @@ class Job:
     logs: Optional[str] = None
     end: Optional[End] = None
     error: Optional[str] = None
+    note: str = ""
     waiting_since: Optional[float] = None
     running_since: Optional[float] = None
 
@@ -120,6 +125,11 @@ def scheduled() -> list:
     return [engine(name) for name in ENGINES if name != LOCAL]
 
 
+def follow_flags() -> list:
+    """(the watchdog's flag, its help) of every scheduler: references/thresholds.md's rows."""
+    return [(eng.WATCH_FLAG, eng.WATCH_HELP) for eng in scheduled()]
+
+
 def of_launch(rec: Optional[dict]) -> Optional[tuple]:
     """(engine name, job id) of a launch record's scheduled job, None for a local launch."""
     if rec and rec.get("engine") and rec["engine"] != LOCAL and rec.get("job_id"):
@@ -137,4 +147,4 @@ def of_start(start) -> Optional[tuple]:
 
 
 __all__ = ["ENGINES", "LOCAL", "WAITING", "RUNNING", "ENDED", "UNKNOWN", "End", "Job", "Cancelled",
-           "engine", "scheduled", "of_launch", "of_start"]
+           "engine", "scheduled", "follow_flags", "of_launch", "of_start"]
