@@ -414,16 +414,8 @@ def read_json(path: str | os.PathLike, limit: int = 1 << 20):
 _NOTABLE = (b"NaN", b"Infinity", b"null", b"FATAL", b'"eval_', b'"event"')
 
 
-# Every byte of a plain step record (the contract's keys, numbers, punctuation). A chunk made of
-# these alone holds no notable token (each has a byte outside: N, I, F, the u of null, the v of
-# eval/event), so one translate pass skips it without six searches.
-_PLAIN = b'{}[]"0123456789.,:-+eE \t\r\n' + b"steplossrgadnm_"
-
-
-def _notable_lines(data: bytes) -> list:
-    """(start, end) of every line in ``data`` holding a notable token, in file order."""
-    if not data.translate(None, _PLAIN):
-        return []
+def _token_lines(data: bytes) -> list:
+    """(start, end) of every line in ``data`` holding a notable token, token by token."""
     hits = set()
     for token in _NOTABLE:
         i = data.find(token)
@@ -433,6 +425,32 @@ def _notable_lines(data: bytes) -> list:
             hi = len(data) if hi < 0 else hi + 1
             hits.add((lo, hi))
             i = data.find(token, hi)
+    return sorted(hits)
+
+
+# One byte of each notable token (N of NaN, I of Infinity, the u of null, F of FATAL, the v of
+# eval/event): a line without any of them holds no token. Each is searched with bytes.find of one
+# byte (memchr), so a file with an eval every 25,000 lines costs five fast passes, not six
+# substring searches of every chunk that holds one eval (issue 35).
+_MARKS = (b"N", b"I", b"u", b"F", b"v")
+_DENSE = 1024              # hits of one mark in a chunk past which the token search is cheaper
+
+
+def _notable_lines(data: bytes) -> list:
+    """(start, end) of every line in ``data`` holding a notable token, in file order."""
+    hits = set()
+    for mark in _MARKS:
+        i, n = data.find(mark), 0
+        while i >= 0:
+            n += 1
+            if n > _DENSE:   # the mark is in most lines (a key with a u): token by token
+                return _token_lines(data)
+            lo = data.rfind(b"\n", 0, i) + 1
+            hi = data.find(b"\n", i)
+            hi = len(data) if hi < 0 else hi + 1
+            if any(token in data[lo:hi] for token in _NOTABLE):
+                hits.add((lo, hi))
+            i = data.find(mark, hi)
     return sorted(hits)
 
 
@@ -453,7 +471,12 @@ class TailReader:
     Resume (``resume()``, scan.py's kept scan): the reader goes on from a saved offset; when
     more than ``tail`` bytes were appended since, the gap is read like the re-attach's middle
     (its notable lines) and the last ``tail`` bytes in full. ``unseen`` counts bytes that were
-    not even skimmed for notable lines (``notable=False``, ``max_append``)."""
+    not even skimmed for notable lines (``notable=False``, ``window``, ``max_append``).
+
+    Bounded (``window``, a one-shot look: check-in, issue 35): the start record is searched in the
+    last ``window`` + ``tail`` bytes only (else the head is the file's), and only the last
+    ``window`` bytes before the tail are skimmed; what is passed over is counted in ``unseen``
+    (with a kept scan's) and ``unseen_bytes`` (this reader's)."""
 
     path: str
     chunk: int = 4 << 20
@@ -463,6 +486,7 @@ class TailReader:
     tail: int = 256 << 10
     notable: bool = True      # re-attach: parse the middle's notable lines (False: head and tail only)
     max_append: int = 0       # > 0: of more bytes appended since the last read, read only the last this many
+    window: int | None = None  # a bounded catch-up: skim at most this many bytes before the tail
     offset: int = 0
     lines: int = 0
     bad_lines: int = 0
@@ -471,6 +495,7 @@ class TailReader:
     bytes_read: int = 0
     skipped_bytes: int = 0
     unseen: int = 0
+    unseen_bytes: int = 0     # bytes this reader passed over unread (``unseen`` adds a kept scan's)
     error: str = ""
     kind: str | None = None   # kind_of the record yielded last (the fold need not ask again)
     _resumed: bool = False
@@ -553,8 +578,10 @@ class TailReader:
         self.offset, self._buf, self._dropping = new, b"", False
 
     def _last_start(self, f, end: int) -> int:
-        """Offset of the line holding the last start record, 0 when there is none. A backward
-        search over a memory map: no copy of the file, page-cache speed."""
+        """Offset of the line holding the last start record, 0 when there is none (bounded: in the
+        last ``window`` + ``tail`` bytes). A backward search over a memory map: no copy of the
+        file, page-cache speed."""
+        lo = max(0, end - self.window - self.tail) if self.window is not None else 0
         try:
             data = mmap.mmap(f.fileno(), end, access=mmap.ACCESS_READ)
         except (OSError, ValueError):
@@ -562,7 +589,7 @@ class TailReader:
         with data:
             i = end
             while True:
-                i = data.rfind(b'"start"', 0, i)
+                i = data.rfind(b'"start"', lo, i)
                 if i < 0:
                     return 0
                 line_start = data.rfind(b"\n", 0, i) + 1
@@ -590,13 +617,11 @@ class TailReader:
         self.bytes_read += cut
         yield from self._split(data[:cut])
         pos = begin + cut
-        if not self.notable:  # a one-shot look (check-in): the tail alone, from a line boundary
-            f.seek(tail_from)
-            skip = f.read(self.max_line).find(b"\n") + 1 if tail_from > pos else 0
-            self.skipped_bytes += tail_from + skip - pos
-            self.unseen += tail_from + skip - pos
-            self.offset = tail_from + skip if tail_from > pos else pos
+        if not self.notable:  # head and tail only, from a line boundary
+            self.offset = self._pass_over(f, pos, tail_from) if tail_from > pos else pos
             return
+        if self.window is not None and tail_from - self.window > pos:
+            pos = self._pass_over(f, pos, tail_from - self.window)
         while pos < tail_from:  # the middle: only the notable lines
             f.seek(pos)
             data = f.read(min(self.chunk, tail_from - pos))
@@ -610,6 +635,16 @@ class TailReader:
             self.skipped_bytes += cut
             pos += cut
         self.offset = pos  # a line boundary: records() reads the tail from here, every line
+
+    def _pass_over(self, f, pos: int, to: int) -> int:
+        """Leave the bytes from ``pos`` to the first line boundary at or after ``to`` unread."""
+        f.seek(to - 1)
+        nl = f.read(self.max_line + 1).find(b"\n")
+        new = to - 1 + nl + 1 if nl >= 0 else to
+        self.skipped_bytes += new - pos
+        self.unseen += new - pos
+        self.unseen_bytes += new - pos
+        return new
 
     def _split(self, data: bytes) -> Iterator[dict]:
         data = self._buf + data

@@ -91,34 +91,10 @@ def test_sampling_begins_at_the_median_step_gap_never_under_ten_seconds():
 
 # --- real processes -------------------------------------------------------------------------------
 
-class Trainer:
-    def __init__(self, run_dir: Path, script: Path, *args):
-        run_dir.mkdir(parents=True, exist_ok=True)
-        self.log = open(run_dir / "train.log", "ab")
-        self.proc = subprocess.Popen([sys.executable, "-u", str(script), str(run_dir), *map(str, args)],
-                                     stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
-
-    def close(self):
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait()
-        self.log.close()
-
-
 @pytest.fixture
-def trainer():
-    made = []
-
-    def start(run_dir, *args, script=LOOP):
-        t = Trainer(run_dir, script, *args)
-        made.append(t)
-        return t
-
-    yield start
-    for t in made:
-        t.close()
+def trainer(trainer):
+    """conftest's trainer, running this file's rhythm loop unless another script is named."""
+    return lambda run_dir, *args, script=LOOP: trainer(run_dir, *args, script=script)
 
 
 def watch(run_dir, *flags, env=None, timeout=240):

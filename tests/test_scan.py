@@ -17,7 +17,7 @@ import pytest
 from conftest import SCRIPTS, run_script
 from test_rules import SEQUENCES, falling, fold, steps
 from supervise.observe import scan as sc
-from supervise.contract import atomic_write_json
+from supervise.contract import TailReader, atomic_write_json
 from supervise.judge.assess import assess
 from supervise.judge.table import RECORD_RULES, judge
 from supervise.observe.observation import Observation, Records, frozen
@@ -363,13 +363,13 @@ def test_cpu_percent_between_looks_and_over_the_lifetime():
 # ---- issue 35: the one-shot look reads only the tail of a big file; the skim finds what it found
 def test_the_skim_by_one_byte_finds_the_lines_the_token_search_finds():
     import random
-    from supervise.contract import _notable_lines
+    from supervise.contract import _notable_lines, _token_lines
     rnd = random.Random(35)
     parts = [b"NaN", b"Infinity", b"null", b"FATAL", b'"eval_auroc"', b'"event"', b"N", b"u", b"v", b"I", b"F",
              b"step", b"\n", b"\n", b"\n", b"1.5", b'"num_tokens"']
     for trial in range(2000):
         data = b"".join(rnd.choice(parts) for _ in range(rnd.randint(0, 4000 if trial % 10 == 0 else 60)))
-        assert sc.notable_lines(data) == _notable_lines(data), data
+        assert _notable_lines(data) == _token_lines(data), data
 
 
 def issue_file(path, lines: int, nan_at=None):
@@ -385,13 +385,13 @@ def issue_file(path, lines: int, nan_at=None):
 
 @pytest.mark.parametrize("window", [None, 1 << 20])
 def test_a_bounded_look_reads_the_window_and_says_what_it_left(window, tmp_path):
-    """LookReader with a 1 MiB window on a 4 MB file: the head, the notable lines of the last
+    """TailReader with a 1 MiB window on a 4 MB file: the head, the notable lines of the last
     MiB and the tail are read, the rest is counted unseen (a NaN there is not folded); with no
     window every notable line is read, the NaN among them."""
     path = tmp_path / "metrics.jsonl"
     issue_file(path, 50_000, nan_at=20_000)
     size = path.stat().st_size
-    r = sc.LookReader(str(path), window=window, catchup=1 << 20, head=32 << 10, tail=64 << 10)
+    r = TailReader(str(path), window=window, catchup=1 << 20, head=32 << 10, tail=64 << 10)
     recs = list(r.records())
     nans = [x for x in recs if "loss" in x and not (isinstance(x["loss"], float) and math.isfinite(x["loss"]))]
     evals = [x["step"] for x in recs if "eval_auroc" in x]
@@ -413,10 +413,10 @@ def test_a_bounded_look_finds_the_last_start_record_in_its_window(tmp_path):
         f.write("".join(STEP % (i * 10, i) for i in range(1, 40_000)))
         f.write(json.dumps({"event": "start", "t": 0, "run_id": "b"}) + "\n")
         f.write("".join(STEP % (i * 10, i) for i in range(1, 5_000)))
-    r = sc.LookReader(str(path), window=1 << 20, catchup=1 << 20, head=32 << 10, tail=64 << 10)
+    r = TailReader(str(path), window=1 << 20, catchup=1 << 20, head=32 << 10, tail=64 << 10)
     recs = list(r.records())
     assert recs[0].get("run_id") == "b" and r.unseen == 0
-    r = sc.LookReader(str(path), window=100 << 10, catchup=1 << 20, head=32 << 10, tail=64 << 10)
+    r = TailReader(str(path), window=100 << 10, catchup=1 << 20, head=32 << 10, tail=64 << 10)
     recs = list(r.records())
     assert recs[0].get("run_id") == "a" and r.unseen > 2e6
 

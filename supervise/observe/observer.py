@@ -22,14 +22,14 @@ from typing import Optional
 
 from supervise.observe import engines
 from supervise.observe.checkpoints import CheckpointWatch, checkpoint_dirs, choose_resume, declared_keep
-from supervise.contract import is_count, is_finite, read_json, why_unreadable
+from supervise.contract import TailReader, is_count, is_finite, read_json, why_unreadable
 from supervise.observe.logs import cgroup_dir, kernel_oom_lines, killed_reason, last_error, log_tail, oom_kills, oom_line, root_cause
 from supervise.observe.observation import Observation, Proc, Records, WatchdogSeen, frozen
 from supervise.observe.probes import Nvml, ProcessWatch, born_after, cpu_seconds, disk_free, here, log_writers, process, runs_where, \
     same_process, same_start
 from supervise.observe.ranks import RankFiles, local_pids, rank_where
 from supervise.observe.records import RecordRules
-from supervise.observe.scan import WINDOW, LookReader, Scan
+from supervise.observe.scan import WINDOW, Scan
 from supervise.observe.state import read_launch, where_launched
 from supervise.thresholds import Thresholds
 from supervise.observe.volumes import VolumeWatch, explained_bytes
@@ -65,8 +65,8 @@ class Observer:
         self.log = Path(log) if log else self.run_dir / LOG
         self.sentinel = self.run_dir / sentinel
         self.metrics = self.run_dir / METRICS
-        self.reader = LookReader(str(self.metrics)) if not one_shot else \
-            LookReader(str(self.metrics), window=WINDOW, notable=notable, head=32 << 10, tail=64 << 10)
+        self.reader = TailReader(str(self.metrics)) if not one_shot else \
+            TailReader(str(self.metrics), window=WINDOW, notable=notable, head=32 << 10, tail=64 << 10)
         self.rules = RecordRules(thresholds, record_rules, num_labels_given)
         # what a scan learned, kept beside watchdog.json (scan.py): the next look reads what was appended
         self.scan = Scan(self.run_dir, self.metrics, thresholds, record_rules, num_labels_given,

@@ -23,7 +23,7 @@ and every restored attribute has the type a fresh fold gives it. Writes are atom
 file, then a rename), so two looks at once leave one whole file or the other. Standard library
 only: this is on the hot path.
 
-A one-shot look (check-in) reads only the tail of a big file (``LookReader``: the head, the
+A one-shot look (check-in) reads only the tail of a big file (``TailReader(window=WINDOW)``: the head, the
 notable lines of the last WINDOW bytes, the tail; issue 35) and keeps what it folded with the
 count of bytes it left unread (``reader.unseen``): the next check-in takes that up and says so;
 a watchdog never does (``partial`` False: a NaN there would be lost), it reads every notable line
@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import mmap
 import os
 import zlib
 from collections import deque
@@ -41,8 +40,7 @@ from pathlib import Path
 from typing import Optional
 
 from supervise import __version__
-from supervise.contract import _NOTABLE, TailReader, _notable_lines, atomic_write_json, is_number, kind_of, open_regular, \
-    parse_line
+from supervise.contract import atomic_write_json, is_number, open_regular
 from supervise.observe.records import RecordRules
 from supervise.thresholds import Thresholds
 from supervise.vocabulary import SCAN_STATE, Anomaly
@@ -203,118 +201,6 @@ def _crc_before(f, offset: int) -> int:
     lo = max(0, offset - BEFORE)
     f.seek(lo)
     return zlib.crc32(f.read(offset - lo))
-
-
-# ---------------------------------------------------------------------------- the reader
-# One byte of each notable token (contract._NOTABLE: NaN, Infinity, null, FATAL, "eval_, "event"):
-# a line without any of these bytes holds no notable token. Each is searched with bytes.find of
-# one byte (memchr: several GB/s), so a file with an eval every 25,000 lines costs five passes,
-# not six substring searches of every chunk that holds one eval.
-_MARKS = (b"N", b"I", b"u", b"F", b"v")
-_DENSE = 1024              # hits of one mark in a chunk past which the chunk is searched token by token
-
-
-def notable_lines(data: bytes) -> list:
-    """(start, end) of every line in ``data`` holding a notable token, in file order: what
-    contract._notable_lines returns, found through one byte of each token."""
-    hits = set()
-    for mark in _MARKS:
-        i, n = data.find(mark), 0
-        while i >= 0:
-            n += 1
-            if n > _DENSE:   # the mark is in most lines (a key with a u): the token searches are cheaper
-                return _notable_lines(data)
-            lo = data.rfind(b"\n", 0, i) + 1
-            hi = data.find(b"\n", i)
-            hi = len(data) if hi < 0 else hi + 1
-            line = data[lo:hi]
-            if any(token in line for token in _NOTABLE):
-                hits.add((lo, hi))
-            i = data.find(mark, hi)
-    return sorted(hits)
-
-
-class LookReader(TailReader):
-    """The tail reader with a cheaper skim (``notable_lines``) and, for a one-shot look
-    (check-in: ``window`` set), a bounded one: of a file larger than ``catchup`` with no kept
-    scan, it reads the head of the current attempt (from the last start record in the last
-    ``window`` + ``tail`` bytes, else from the file's first byte), the notable lines of at most
-    ``window`` bytes before the tail, and the tail in full; a resumed look skims at most
-    ``window`` bytes of what was appended since. What it passes over is counted in ``unseen``
-    and ``unseen_bytes`` (this look's): the look says so, and a watchdog never takes up a scan
-    it keeps (a NaN there would be lost). ``window`` None: every notable line (the watchdog)."""
-
-    def __init__(self, path: str, window: Optional[int] = None, **kw):
-        super().__init__(path, **kw)
-        self.window = window
-        self.unseen_bytes = 0      # bytes this reader passed over unread (``unseen`` adds a kept scan's)
-
-    def _last_start(self, f, end: int) -> int:
-        """The last start record's offset, searched (backward, over a memory map: no copy) in the
-        last ``window`` + ``tail`` bytes only; 0 (the file's head) when none is there."""
-        if self.window is None:
-            return super()._last_start(f, end)
-        lo = max(0, end - self.window - self.tail)
-        try:
-            data = mmap.mmap(f.fileno(), end, access=mmap.ACCESS_READ)
-        except (OSError, ValueError):
-            return 0
-        with data:
-            i = end
-            while True:
-                i = data.rfind(b'"start"', lo, i)
-                if i < 0:
-                    return 0   # none in the window: the file's head (the middle is unseen)
-                a = data.rfind(b"\n", 0, i) + 1
-                b = data.find(b"\n", i)
-                b = end if b < 0 else b
-                if b - a <= self.max_line:
-                    try:
-                        if kind_of(parse_line(data[a:b])) == "start":
-                            return a
-                    except ValueError:
-                        pass
-
-    def _pass_over(self, f, pos: int, to: int) -> int:
-        """Leave the bytes from ``pos`` to the first line boundary at or after ``to`` unread."""
-        f.seek(to - 1)
-        nl = f.read(self.max_line + 1).find(b"\n")
-        new = to - 1 + nl + 1 if nl >= 0 else to
-        self.skipped_bytes += new - pos
-        self.unseen += new - pos
-        self.unseen_bytes += new - pos
-        return new
-
-    def _catch_up(self, f, end: int, begin: Optional[int] = None):
-        resumed = begin is not None
-        if begin is None:
-            begin = self._last_start(f, end)
-        tail_from = max(begin, end - self.tail)
-        head_to = min(tail_from, begin + self.head) if not resumed else begin
-        f.seek(begin)
-        data = f.read(head_to - begin)
-        cut = data.rfind(b"\n") + 1
-        self.bytes_read += cut
-        yield from self._split(data[:cut])
-        pos = begin + cut
-        if not self.notable:  # head and tail only, from a line boundary
-            self.offset = self._pass_over(f, pos, tail_from) if tail_from > pos else pos
-            return
-        if self.window is not None and tail_from - self.window > pos:
-            pos = self._pass_over(f, pos, tail_from - self.window)
-        while pos < tail_from:  # the middle: only the notable lines
-            f.seek(pos)
-            data = f.read(min(self.chunk, tail_from - pos))
-            cut = data.rfind(b"\n") + 1
-            if cut == 0:
-                break
-            data = data[:cut]
-            for lo, hi in notable_lines(data):
-                yield from self._split(data[lo:hi])
-            self.bytes_read += cut
-            self.skipped_bytes += cut
-            pos += cut
-        self.offset = pos  # a line boundary: records() reads the tail from here, every line
 
 
 # ---------------------------------------------------------------------------- the file

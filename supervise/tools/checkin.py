@@ -239,7 +239,7 @@ def gather(run_dir: Path, k: int = 5, now: Optional[float] = None, gpu=None, loo
 
 
 def _unread(observer, wd) -> list:
-    """The note of a look that did not read the whole file (scan.LookReader's bounded read of a
+    """The note of a look that did not read the whole file (contract.TailReader's bounded read (``window``) of a
     big file no watchdog has followed and no scan covers): what was left out and what reads it."""
     reader = observer.reader
     if not reader.unseen:
