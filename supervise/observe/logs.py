@@ -3,7 +3,8 @@ knowledge of what a failure looks like in it (standard library only; the watchdo
 
 - ``oom_line(lines)``: the last line naming an out-of-memory error.
 - ``last_error(lines)``: the real error: torchrun's root cause when its failure block is there,
-  else the last line of the last traceback that is not another rank's fallout.
+  torchrun's own death on a half-written error file (and the ranks' error before it) when it
+  died first, else the last line of the last traceback that is not another rank's fallout.
 - ``root_cause(lines, error_files=())``: torchrun's "Root Cause (first observed failure)" block as
   a ``RootCause`` (rank, local rank, host, exit code, signal, error file, pid, time, message).
 - ``is_fallout(line)``: a line that is the consequence of another rank's failure (NCCL/gloo
@@ -149,6 +150,9 @@ def last_error(lines) -> Optional[str]:
     cause = root_cause(lines)
     if cause is not None:
         return cause.summary()
+    reply = next((i for i in range(len(lines) - 1, -1, -1) if REPLY_FAILED.search(lines[i])), None)
+    if reply is not None:
+        return _reply_failed(lines, reply)
     errors = [text for _, text in _tracebacks(lines)]
     if not errors:  # argparse and sys.exit('...') end a script without a traceback
         return next((ln.strip() for ln in reversed(lines[-USAGE_TAIL:]) if _USAGE_ERROR.match(ln.strip())), None)
@@ -157,6 +161,26 @@ def last_error(lines) -> Optional[str]:
 
 
 USAGE_TAIL = 5
+# torchrun's own crash: it read a rank's error file while that rank was still writing it (torch writes
+# it in place; a rank stopped mid-write leaves it empty) and died of the JSONDecodeError, before its
+# failure report: the error that follows is the launcher's, not the script's
+REPLY_FAILED = re.compile(r"Failed to parse reply file: (\S+)")
+_LOCAL_RANK_DIR = re.compile(r"attempt_\d+/(\d+)/[^/]+$")
+
+
+def _reply_failed(lines: list, at: int) -> str:
+    """``torchrun failed reading local rank 0's error file ...; the ranks' own error: X``: X the
+    last rank traceback before the launcher's (not fallout when one is not), else that error file
+    as it reads now."""
+    path = REPLY_FAILED.search(lines[at])[1]
+    local = _LOCAL_RANK_DIR.search(path)
+    before = [text for _, text in _tracebacks(lines[:at])]
+    own = [e for e in before if not is_fallout(e)] or before
+    said = (own[-1] if own else None) or _read_error_file(path) or \
+        "none printed (a rank killed by SIGKILL or another signal prints none)"
+    after = next((t for _, t in reversed(_tracebacks(lines[at:]))), "")
+    return (f"torchrun failed reading local rank {local[1] if local else '?'}'s error file before its failure "
+            f"report ({after or 'a torch race'}: read half-written); the ranks' own error: {said}")
 _USAGE_ERROR = re.compile(r"^[\w.\-/]+: error: \S")   # "train.py: error: unrecognized arguments: --resume"
 
 

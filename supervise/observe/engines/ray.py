@@ -21,7 +21,10 @@ What the states mean for the run:
   (for its driver, or for resources for its workers): no stall, no record expected;
 - a Train run with more than one attempt that has not ended: Ray restarted its workers within
   the run's failure budget: a note with the restart count and the failed worker's node, no verdict;
-- a Train run ERRORED or ABORTED, or the job FAILED: a verdict whose line carries the failing
+- a Train run ABORTED while the job runs: its controller died before it said why (the dashboard
+  infers ABORTED from a dead controller; under load the ERRORED it sent can come later): a note,
+  and the verdict waits for the job's end, read from the driver's output;
+- a Train run ERRORED, or the job FAILED: a verdict whose line carries the failing
   worker's error (the Train run's error snippet, not the driver's wrapper): ``node_fail`` naming
   the node's address when a worker's node died, ``oom`` when Ray's memory monitor killed it, else
   ``crash``;
@@ -58,6 +61,7 @@ TIMEOUT_S = 5.0
 TRACKING = "RAY_TRAIN_ENABLE_STATE_TRACKING"
 WAITS = ("INITIALIZING", "SCHEDULING", "RESTARTING", "RESIZING")
 ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
+SNIPPET = re.compile(r"^\[Rank ([\d,\s]+) Error Snippet\]:\s*$", re.M)
 DIED_NODE = re.compile(r"its node has died\. Node Id: ([0-9a-f]{8,})", re.I)
 UNREACHABLE = re.compile(r"health check failed\.(?:.*\n){1,14}?.*(?:failed to connect|unavailable)", re.I)
 REFUSED = re.compile(r"remote host: (.+?)(?: rpc_code|\.|$)", re.M)
@@ -145,7 +149,7 @@ def _workers_nodes(attempt: dict) -> str:
 def _error(text: str) -> tuple:
     """(which ranks, the error) of a Train run's ``[Rank 0,1 Error Snippet]:`` text: the first
     rank block's own error (its last traceback line, or its first line), not the driver's wrapper."""
-    blocks = re.split(r"^\[Rank ([\d,\s]+) Error Snippet\]:\s*$", text or "", flags=re.M)
+    blocks = SNIPPET.split(text or "")
     if len(blocks) < 3:
         lines = (text or "").splitlines()
         return "", last_error(lines) or next((ln.strip() for ln in lines if ln.strip()), "")
@@ -220,13 +224,14 @@ def _ending(ident: str, details: dict, run: Optional[dict], fetch, address: str)
         return End("dead", f"{jid} state = STOPPED",
                    f"Someone stopped the job (ray job stop {ident}, the dashboard): resubmit it with --resume "
                    "if that was not meant")
-    detail = (run or {}).get("status_detail") or ""
+    # ABORTED: the dashboard's word for a controller that died before it said why: the driver's output says
+    aborted = (run or {}).get("status") == "ABORTED"
+    detail = "" if aborted else (run or {}).get("status_detail") or ""
     state = f"{jid} state = {st or 'RUNNING'}" + (f", Train run {run.get('status')}" if run else "")
-    if not detail:   # no Train run: the driver's own output
+    if not detail:   # no Train run, or no word from it: the driver's own output
         lines = _driver_lines(ident, details, fetch, address)
         detail = "\n".join(lines)
-        said = oom_line(lines) or last_error(lines) or ""
-        ranks = ""
+        ranks, said = _error(detail) if SNIPPET.search(detail) else ("", oom_line(lines) or last_error(lines) or "")
     else:
         ranks, said = _error(detail)
     attempt = next((a for a in reversed((run or {}).get("attempts") or []) if a.get("status") != "RUNNING"), None)
@@ -298,7 +303,11 @@ def state(key: str, runner=None) -> Job:
     if st == "RUNNING" and train in WAITS:
         return Job(NAME, key, WAITING, state=f"RUNNING, Train run {train}",
                    reason=((run.get("status_detail") or "").splitlines() or [""])[0][:160], nodes=nodes, note=note)
-    if st == "RUNNING" and train not in ("ERRORED", "ABORTED"):
+    if st == "RUNNING" and train == "ABORTED":   # its controller died; why, the driver says when the job ends
+        return Job(NAME, key, RUNNING, state="RUNNING, Train run ABORTED", nodes=nodes,
+                   note=f"Train run {run.get('name') or run.get('id')} ABORTED (its controller died before it said "
+                        "why): the verdict waits for the Ray job's end and its driver's output")
+    if st == "RUNNING" and train != "ERRORED":
         return Job(NAME, key, RUNNING, state="RUNNING" + (f", Train run {train}" if train else ""), nodes=nodes,
                    note=note)
     if st in ("RUNNING", "FAILED", "SUCCEEDED", "STOPPED"):
