@@ -206,12 +206,13 @@ def test_a_job_waiting_for_resources_is_no_stall(cluster, node, tmp_path):
     _, address = cluster
     run = tmp_path / "runs" / "waits"
     key = _submit(address, run, "waits-1", _job_argv(run, "later", "--steps", "5"))
-    dog = _watchdog(run, "--ray-job", key, "--startup-grace", "15s")
-    look = wait_for(lambda: "Train run SCHEDULING" in (t := _checkin(run)) and t, "the Train run to wait",
-                    LONG, proc=dog)
-    assert "waits" in look and "ANOMALY" not in look, look
-    state = wait_for_polls(run, 20, watchdog=dog, timeout=LONG)   # 20 polls of 1 s: past the 15 s grace
-    assert state["state"] == WATCHING and dog.poll() is None, state
+    wait_for(lambda: "Train run SCHEDULING" in ray_engine.state(key).state, "the Train run to wait", LONG,
+             tick=0.5)   # the driver's own start (imports, on a starved machine) is no part of the wait
+    dog = _watchdog(run, "--ray-job", key, "--startup-grace", "30s")
+    state = wait_for_polls(run, 35, watchdog=dog, timeout=LONG)   # 35 polls of 1 s: past the 30 s grace
+    look = _checkin(run)
+    assert state["state"] == WATCHING and dog.poll() is None, (state, look)
+    assert "Train run SCHEDULING" in look and "waits" in look and "ANOMALY" not in look, look
     node("later")                        # the resources appear
     rc, out = _ended(dog)
     assert rc == 0 and "OK done" in out, out
